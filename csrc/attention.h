@@ -1,0 +1,56 @@
+// Public C++ API of attn_ops for LibTorch programs.
+//
+// Each function calls the registered operator through the PyTorch dispatcher, so it runs the CPU or
+// CUDA kernel that matches the inputs and records autograd history when the inputs require grad.
+// Link the attn_ops library (CMake target `attn_ops`) so its operators are registered.
+// Shapes and semantics: docs/attention_api.md.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+namespace attn_ops {
+
+// Scaled dot-product attention with grouped / multi-query heads.
+//   dense : q [batch, seqlen_q, heads_q, head_dim_qk], k [batch, seqlen_k, heads_kv, head_dim_qk],
+//           v [batch, seqlen_k, heads_kv, head_dim_v]
+//           -> out [batch, seqlen_q, heads_q, head_dim_v], lse [batch, heads_q, seqlen_q]
+//   varlen: q [total_q, heads_q, head_dim_qk] ... with cu_seqlens_q / cu_seqlens_k (int32 [batch + 1])
+//           -> out [total_q, heads_q, head_dim_v], lse [heads_q, total_q]
+std::tuple<at::Tensor, at::Tensor> attention(
+    const at::Tensor& q,
+    const at::Tensor& k,
+    const at::Tensor& v,
+    std::optional<double> scale = std::nullopt,
+    bool causal = false,
+    int64_t window_left = -1,
+    int64_t window_right = -1,
+    double softcap = 0.0,
+    const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
+    const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt,
+    std::optional<int64_t> max_seqlen_q = std::nullopt,
+    std::optional<int64_t> max_seqlen_k = std::nullopt);
+
+// Gradients of `attention` with respect to q, k and v (dk/dv summed over each KV group's query heads).
+// `dlse`, when given, is the gradient flowing into the lse output.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& dout,
+    const at::Tensor& q,
+    const at::Tensor& k,
+    const at::Tensor& v,
+    const at::Tensor& out,
+    const at::Tensor& lse,
+    const std::optional<at::Tensor>& dlse = std::nullopt,
+    std::optional<double> scale = std::nullopt,
+    bool causal = false,
+    int64_t window_left = -1,
+    int64_t window_right = -1,
+    double softcap = 0.0,
+    const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
+    const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt,
+    std::optional<int64_t> max_seqlen_q = std::nullopt,
+    std::optional<int64_t> max_seqlen_k = std::nullopt);
+
+}  // namespace attn_ops

@@ -1,0 +1,262 @@
+// Argument checks and shape rules of attention / attention_backward, shared by every backend,
+// and the Meta kernels (shapes only) that fake-tensor tracing and torch.compile use.
+#include "attention/validation.h"
+
+#include "common/format.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+namespace attn_ops {
+namespace {
+
+bool is_supported_dtype(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+// The rank and the names of the dimensions expected of q, k or v.
+void check_rank(const char* op, const char* name, const at::Tensor& t, bool varlen, const char* dense_dims,
+                const char* varlen_dims) {
+  if (varlen) {
+    TORCH_CHECK(t.dim() == 3, op, ": ", name, " must be a 3-D tensor ", varlen_dims,
+                " when cu_seqlens_q is given, got a ", t.dim(), "-D tensor of shape ", shape_str(t));
+  } else {
+    TORCH_CHECK(t.dim() == 4, op, ": ", name, " must be a 4-D tensor ", dense_dims, ", got a ", t.dim(),
+                "-D tensor of shape ", shape_str(t));
+  }
+}
+
+void check_same_dtype_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, ": ", name, " must have the same dtype as q (",
+              dtype_name(q.scalar_type()), "), got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on the same device as q (", q.device(),
+              "), got ", t.device());
+}
+
+void check_last_dim_contiguous(const char* op, const char* name, const at::Tensor& t) {
+  // A last dim of size 1 may carry any stride; it is still read contiguously.
+  TORCH_CHECK(t.sym_stride(-1) == 1 || t.sym_size(-1) == 1, op, ": ", name,
+              " must have stride 1 in its last dimension, got stride ", t.sym_stride(-1));
+}
+
+void check_cu_seqlens_meta(const char* op, const char* name, const at::Tensor& cu, const at::Tensor& q) {
+  TORCH_CHECK(cu.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", dtype_name(cu.scalar_type()));
+  TORCH_CHECK(cu.dim() == 1 && cu.sym_size(0) >= 1, op, ": ", name,
+              " must be a 1-D tensor of length batch + 1 >= 1, got shape ", shape_str(cu));
+  TORCH_CHECK(cu.device() == q.device(), op, ": ", name, " must be on the same device as q (", q.device(),
+              "), got ", cu.device());
+}
+
+// Reads cu_seqlens (copying it to the host if needed) and checks its values; returns the longest sequence.
+int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu, int64_t total,
+                                const char* tensor_name) {
+  const at::Tensor host = cu.to(at::kCPU).contiguous();
+  const int32_t* c = host.data_ptr<int32_t>();
+  const int64_t n = host.numel();
+  TORCH_CHECK(c[0] == 0, op, ": ", name, " must start at 0, got ", c[0]);
+  int64_t longest = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    TORCH_CHECK(c[i] >= c[i - 1], op, ": ", name, " must be non-decreasing, got ", name, "[", i, "] = ", c[i],
+                " after ", name, "[", i - 1, "] = ", c[i - 1]);
+    longest = std::max<int64_t>(longest, c[i] - c[i - 1]);
+  }
+  TORCH_CHECK(c[n - 1] == total, op, ": ", name, " must end at the number of tokens in ", tensor_name, " (", total,
+              "), got ", c[n - 1]);
+  return longest;
+}
+
+void check_max_seqlen(const char* op, const char* name, const char* cu_name, std::optional<int64_t> max_seqlen,
+                      int64_t longest) {
+  if (max_seqlen.has_value()) {
+    TORCH_CHECK(*max_seqlen >= longest, op, ": ", name, " (", *max_seqlen, ") is smaller than the longest sequence in ",
+                cu_name, " (", longest, ")");
+  }
+}
+
+}  // namespace
+
+AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const AttentionOptions& opts) {
+  TORCH_CHECK(opts.cu_seqlens_q.has_value() == opts.cu_seqlens_k.has_value(), op,
+              ": cu_seqlens_q and cu_seqlens_k must be given together, got only ",
+              opts.cu_seqlens_q.has_value() ? "cu_seqlens_q" : "cu_seqlens_k");
+  const bool varlen = opts.varlen();
+  check_rank(op, "q", q, varlen, "[batch, seqlen_q, heads_q, head_dim_qk]", "[total_q, heads_q, head_dim_qk]");
+  check_rank(op, "k", k, varlen, "[batch, seqlen_k, heads_kv, head_dim_qk]", "[total_k, heads_kv, head_dim_qk]");
+  check_rank(op, "v", v, varlen, "[batch, seqlen_k, heads_kv, head_dim_v]", "[total_k, heads_kv, head_dim_v]");
+
+  TORCH_CHECK(is_supported_dtype(q.scalar_type()), op, ": q must be float16, bfloat16, float32 or float64, got ",
+              dtype_name(q.scalar_type()));
+  check_same_dtype_device(op, "k", k, q);
+  check_same_dtype_device(op, "v", v, q);
+  check_last_dim_contiguous(op, "q", q);
+  check_last_dim_contiguous(op, "k", k);
+  check_last_dim_contiguous(op, "v", v);
+
+  AttentionShape s;
+  s.varlen = varlen;
+  const int64_t hd = varlen ? 1 : 2;  // index of the heads dim
+  if (varlen) {
+    const at::Tensor& cu_q = *opts.cu_seqlens_q;
+    const at::Tensor& cu_k = *opts.cu_seqlens_k;
+    check_cu_seqlens_meta(op, "cu_seqlens_q", cu_q, q);
+    check_cu_seqlens_meta(op, "cu_seqlens_k", cu_k, q);
+    TORCH_CHECK(cu_k.sym_size(0) == cu_q.sym_size(0), op, ": cu_seqlens_k must have the same length as cu_seqlens_q (",
+                cu_q.sym_size(0), "), got ", cu_k.sym_size(0));
+    s.batch = cu_q.sym_size(0) - 1;
+    s.seqlen_q = q.sym_size(0);
+    s.seqlen_k = k.sym_size(0);
+    TORCH_CHECK(v.sym_size(0) == s.seqlen_k, op, ": v must have total_k ", s.seqlen_k, " (as k), got ", v.sym_size(0));
+  } else {
+    s.batch = q.sym_size(0);
+    s.seqlen_q = q.sym_size(1);
+    s.seqlen_k = k.sym_size(1);
+    TORCH_CHECK(k.sym_size(0) == s.batch, op, ": k must have batch size ", s.batch, " (as q), got ", k.sym_size(0));
+    TORCH_CHECK(v.sym_size(0) == s.batch, op, ": v must have batch size ", s.batch, " (as q), got ", v.sym_size(0));
+    TORCH_CHECK(v.sym_size(1) == s.seqlen_k, op, ": v must have seqlen_k ", s.seqlen_k, " (as k), got ", v.sym_size(1));
+  }
+  TORCH_CHECK(!opts.max_seqlen_q.has_value() || varlen, op, ": max_seqlen_q must be given only with cu_seqlens_q");
+  TORCH_CHECK(!opts.max_seqlen_k.has_value() || varlen, op, ": max_seqlen_k must be given only with cu_seqlens_k");
+
+  s.heads_q = q.sym_size(hd);
+  s.heads_kv = k.sym_size(hd);
+  s.head_dim_qk = q.sym_size(hd + 1);
+  s.head_dim_v = v.sym_size(hd + 1);
+  TORCH_CHECK(v.sym_size(hd) == s.heads_kv, op, ": v must have heads_kv ", s.heads_kv, " (as k), got ", v.sym_size(hd));
+  TORCH_CHECK(s.heads_q >= 1 && s.heads_kv >= 1, op, ": heads_q and heads_kv must be at least 1, got heads_q ",
+              s.heads_q, ", heads_kv ", s.heads_kv);
+  TORCH_CHECK(s.heads_q % s.heads_kv == 0, op, ": heads_q (", s.heads_q, ") must be a multiple of heads_kv (",
+              s.heads_kv, ")");
+  TORCH_CHECK(k.sym_size(hd + 1) == s.head_dim_qk, op, ": k must have head_dim_qk ", s.head_dim_qk, " (as q), got ",
+              k.sym_size(hd + 1));
+  TORCH_CHECK(s.head_dim_qk >= 1 && s.head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
+              s.head_dim_qk, " and ", s.head_dim_v);
+
+  TORCH_CHECK(opts.window_left >= -1, op, ": window_left must be >= -1 (-1 means unbounded), got ", opts.window_left);
+  TORCH_CHECK(opts.window_right >= -1, op, ": window_right must be >= -1 (-1 means unbounded), got ",
+              opts.window_right);
+  TORCH_CHECK(opts.softcap >= 0.0, op, ": softcap must be >= 0 (0 disables it), got ", opts.softcap);
+  TORCH_CHECK(!opts.scale.has_value() || std::isfinite(*opts.scale), op, ": scale must be finite, got ", *opts.scale);
+  TORCH_CHECK(!opts.max_seqlen_q.has_value() || *opts.max_seqlen_q >= 0, op, ": max_seqlen_q must be >= 0, got ",
+              opts.max_seqlen_q.value_or(0));
+  TORCH_CHECK(!opts.max_seqlen_k.has_value() || *opts.max_seqlen_k >= 0, op, ": max_seqlen_k must be >= 0, got ",
+              opts.max_seqlen_k.value_or(0));
+
+  // Values of cu_seqlens can only be read from real tensors, not while tracing with fake ones.
+  if (varlen && q.device().type() != c10::DeviceType::Meta && !q.sym_size(0).is_symbolic()) {
+    const int64_t longest_q = check_cu_seqlens_values(op, "cu_seqlens_q", *opts.cu_seqlens_q,
+                                                      s.seqlen_q.expect_int(), "q");
+    const int64_t longest_k = check_cu_seqlens_values(op, "cu_seqlens_k", *opts.cu_seqlens_k,
+                                                      s.seqlen_k.expect_int(), "k");
+    check_max_seqlen(op, "max_seqlen_q", "cu_seqlens_q", opts.max_seqlen_q, longest_q);
+    check_max_seqlen(op, "max_seqlen_k", "cu_seqlens_k", opts.max_seqlen_k, longest_k);
+  }
+  return s;
+}
+
+void check_attention_backward_inputs(const char* op, const AttentionShape& shape, const at::Tensor& q,
+                                     const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
+                                     const std::optional<at::Tensor>& dlse) {
+  const std::vector<c10::SymInt> out_shape = attention_out_shape(shape);
+  const std::vector<c10::SymInt> lse_shape = attention_lse_shape(shape);
+  const c10::ScalarType lse_dtype = attention_lse_dtype(q.scalar_type());
+  TORCH_CHECK(out.sym_sizes() == c10::SymIntArrayRef(out_shape), op, ": out must have shape ", shape_str(out_shape),
+              ", got ", shape_str(out));
+  TORCH_CHECK(dout.sym_sizes() == out.sym_sizes(), op, ": dout must have shape ", shape_str(out_shape),
+              " (as out), got ", shape_str(dout));
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dout", dout}, {"out", out}}) {
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, ": ", name, " must have the same dtype as q (",
+                dtype_name(q.scalar_type()), "), got ", dtype_name(t.scalar_type()));
+    TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on the same device as q (", q.device(), "), got ",
+                t.device());
+    check_last_dim_contiguous(op, name, t);
+  }
+  auto check_lse_like = [&](const char* name, const at::Tensor& t) {
+    TORCH_CHECK(t.sym_sizes() == c10::SymIntArrayRef(lse_shape) && t.scalar_type() == lse_dtype, op, ": ", name,
+                " must have shape ", shape_str(lse_shape), " and dtype ", dtype_name(lse_dtype), ", got shape ",
+                shape_str(t), " and dtype ", dtype_name(t.scalar_type()));
+    TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on the same device as q (", q.device(), "), got ",
+                t.device());
+  };
+  check_lse_like("lse", lse);
+  if (dlse.has_value()) {
+    check_lse_like("dlse", *dlse);
+  }
+}
+
+std::vector<c10::SymInt> attention_out_shape(const AttentionShape& s) {
+  if (s.varlen) {
+    return {s.seqlen_q, s.heads_q, s.head_dim_v};
+  }
+  return {s.batch, s.seqlen_q, s.heads_q, s.head_dim_v};
+}
+
+std::vector<c10::SymInt> attention_lse_shape(const AttentionShape& s) {
+  if (s.varlen) {
+    return {s.heads_q, s.seqlen_q};
+  }
+  return {s.batch, s.heads_q, s.seqlen_q};
+}
+
+c10::ScalarType attention_lse_dtype(c10::ScalarType input_dtype) {
+  return input_dtype == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+double attention_scale(const AttentionShape& shape, const AttentionOptions& opts) {
+  if (opts.scale.has_value()) {
+    return *opts.scale;
+  }
+  return 1.0 / std::sqrt(static_cast<double>(shape.head_dim_qk.guard_int(__FILE__, __LINE__)));
+}
+
+AttentionOptions make_attention_options(std::optional<double> scale, bool causal, int64_t window_left,
+                                        int64_t window_right, double softcap,
+                                        const std::optional<at::Tensor>& cu_seqlens_q,
+                                        const std::optional<at::Tensor>& cu_seqlens_k,
+                                        std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
+  return AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
+                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  std::optional<double> scale, bool causal, int64_t window_left,
+                                                  int64_t window_right, double softcap,
+                                                  const std::optional<at::Tensor>& cu_seqlens_q,
+                                                  const std::optional<at::Tensor>& cu_seqlens_k,
+                                                  std::optional<int64_t> max_seqlen_q,
+                                                  std::optional<int64_t> max_seqlen_k) {
+  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const AttentionShape shape = check_attention_inputs("attn_ops.attention", q, k, v, opts);
+  at::Tensor out = at::empty_symint(attention_out_shape(shape), q.options());
+  at::Tensor lse = at::empty_symint(attention_lse_shape(shape), q.options().dtype(attention_lse_dtype(q.scalar_type())));
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_meta(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
+    std::optional<int64_t> max_seqlen_k) {
+  const char* op = "attn_ops.attention_backward";
+  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const AttentionShape shape = check_attention_inputs(op, q, k, v, opts);
+  check_attention_backward_inputs(op, shape, q, dout, out, lse, dlse);
+  return {at::empty_symint(q.sym_sizes(), q.options()), at::empty_symint(k.sym_sizes(), k.options()),
+          at::empty_symint(v.sym_sizes(), v.options())};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
+  m.impl("attention", &attention_meta);
+  m.impl("attention_backward", &attention_backward_meta);
+}
+
+}  // namespace attn_ops

@@ -1,0 +1,74 @@
+// Autograd for attention, registered in C++ at the Autograd key so LibTorch programs get gradients
+// too. The backward is its own operator (attention_backward), so traced joint graphs hold two opaque
+// ops.
+#include "attention.h"  // the public C++ API, csrc/attention.h
+#include "attention/validation.h"
+
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+namespace attn_ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
+                               double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
+                               const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
+                               std::optional<int64_t> max_seqlen_k) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, lse] = attn_ops::attention(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q.value_or(at::Tensor()),
+                            cu_seqlens_k.value_or(at::Tensor())});
+    ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["window_left"] = window_left;
+    ctx->saved_data["window_right"] = window_right;
+    ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["max_seqlen_q"] = max_seqlen_q.has_value() ? c10::IValue(*max_seqlen_q) : c10::IValue();
+    ctx->saved_data["max_seqlen_k"] = max_seqlen_k.has_value() ? c10::IValue(*max_seqlen_k) : c10::IValue();
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    auto optional_tensor = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+    auto& data = ctx->saved_data;
+    // Either output may be unused by the loss; an unused output contributes no gradient.
+    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    auto [dq, dk, dv] = attn_ops::attention_backward(
+        dout, q, k, v, out, lse, optional_tensor(grads[1]), data["scale"].toOptional<double>(),
+        data["causal"].toBool(), data["window_left"].toInt(), data["window_right"].toInt(), data["softcap"].toDouble(),
+        optional_tensor(saved[5]), optional_tensor(saved[6]), data["max_seqlen_q"].toOptional<int64_t>(),
+        data["max_seqlen_k"].toOptional<int64_t>());
+    // One entry per forward argument; the non-tensor ones and cu_seqlens get none.
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      std::optional<double> scale, bool causal, int64_t window_left,
+                                                      int64_t window_right, double softcap,
+                                                      const std::optional<at::Tensor>& cu_seqlens_q,
+                                                      const std::optional<at::Tensor>& cu_seqlens_k,
+                                                      std::optional<int64_t> max_seqlen_q,
+                                                      std::optional<int64_t> max_seqlen_k) {
+  variable_list outs = AttentionFunction::apply(q, k, v, scale, causal, window_left, window_right, softcap,
+                                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  return {outs[0], outs[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, Autograd, m) {
+  m.impl("attention", &attention_autograd);
+}
+
+}  // namespace attn_ops

@@ -1,0 +1,182 @@
+// CPU backward of attention (FlashAttention-2 order: key blocks outside, query blocks inside).
+//
+// One work item is (sequence, KV head, split). A split owns every `splits`-th key block of its
+// sequence, accumulates dK/dV of those blocks privately (summed over the group's query heads, no
+// races) and adds its dQ contributions into its own float buffer; the buffers are summed at the end.
+// Splits exist so that a problem with few (sequence, KV head) pairs (MQA, batch 1) still fills every
+// thread; the result does not depend on the thread count's schedule (deterministic).
+#include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/blas.h"
+#include "attention/cpu/parallel.h"
+#include "attention/cpu/row_ops.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace attn_ops::cpu {
+namespace {
+
+constexpr int64_t kTargetRows = 128;  // query rows (positions x group heads) per tile
+constexpr int64_t kKeyBlock = 128;    // keys per block
+constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
+
+template <typename acc_t>
+struct BackwardScratch {
+  std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, dq, k, v, dk, dv;
+  BackwardScratch(int64_t rows, int64_t dqk, int64_t dv_dim)
+      : q(rows * dqk), dout(rows * dv_dim), lse(rows), delta(rows), scores(rows * kKeyBlock),
+        probs(rows * kKeyBlock), dscores(rows * kKeyBlock), dq(rows * dqk), k(kKeyBlock * dqk),
+        v(kKeyBlock * dv_dim), dk(kKeyBlock * dqk), dv(kKeyBlock * dv_dim) {}
+};
+
+}  // namespace
+
+template <typename scalar_t, typename acc_t>
+void attention_backward_kernel(const AttentionProblem& p, const scalar_t* dout, const SeqLayout& dout_layout,
+                               const scalar_t* q, const SeqLayout& q_layout, const scalar_t* k,
+                               const SeqLayout& k_layout, const scalar_t* v, const SeqLayout& v_layout,
+                               const scalar_t* out, const SeqLayout& out_layout, const acc_t* lse, const acc_t* dlse,
+                               const SeqLayout& lse_layout, scalar_t* dq, const SeqLayout& dq_layout, scalar_t* dk,
+                               const SeqLayout& dk_layout, scalar_t* dv, const SeqLayout& dv_layout) {
+  const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
+  const int64_t block_positions = std::max<int64_t>(1, kTargetRows / G);
+  const int64_t max_rows = block_positions * G;
+  const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
+  const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
+
+  // The sequence and position of every packed query token.
+  std::vector<int64_t> token_batch(p.total_q);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    std::fill_n(token_batch.begin() + p.token_q[b], p.len_q[b], b);
+  }
+  auto for_each_query_row = [&](const auto& fn) {  // fn(b, position, head, packed row index)
+    at::parallel_for(0, p.total_q, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t b = token_batch[t];
+        for (int64_t h = 0; h < Hq; ++h) {
+          fn(b, t - p.token_q[b], h, t * Hq + h);
+        }
+      }
+    });
+  };
+
+  // delta = rowsum(dout * out) - dlse: the softmax-Jacobian term of every query row.
+  std::vector<acc_t> delta(p.total_q * Hq);
+  for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t row) {
+    const scalar_t* dout_row = dout + dout_layout.at(b, i, h);
+    const scalar_t* out_row = out + out_layout.at(b, i, h);
+    acc_t sum = 0;
+    for (int64_t d = 0; d < Dv; ++d) {
+      sum += static_cast<acc_t>(dout_row[d]) * static_cast<acc_t>(out_row[d]);
+    }
+    delta[row] = sum - (dlse ? dlse[lse_layout.at(b, i, h)] : acc_t(0));
+  });
+
+  int64_t max_key_blocks = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    max_key_blocks = std::max(max_key_blocks, (p.len_k[b] + kKeyBlock - 1) / kKeyBlock);
+  }
+  const int64_t pairs = std::max<int64_t>(1, p.batch * p.heads_kv);
+  const int64_t dq_bytes = std::max<int64_t>(1, p.total_q * Hq * Dqk * static_cast<int64_t>(sizeof(acc_t)));
+  const int64_t splits = std::max<int64_t>(
+      1, std::min({(2 * at::get_num_threads() + pairs - 1) / pairs, max_key_blocks, kMaxDqBufferBytes / dq_bytes}));
+  std::vector<acc_t> dq_partial(splits * p.total_q * Hq * Dqk, acc_t(0));  // [splits, total_q, Hq, Dqk]
+
+  parallel_items(
+      p.batch * p.heads_kv * splits, [&] { return BackwardScratch<acc_t>(max_rows, Dqk, Dv); },
+      [&](int64_t item, BackwardScratch<acc_t>& s) {
+        const int64_t split = item % splits, g = (item / splits) % p.heads_kv, b = item / (splits * p.heads_kv);
+        acc_t* dq_acc = dq_partial.data() + split * p.total_q * Hq * Dqk;
+        const int64_t Tk = p.len_k[b];
+        for (int64_t k0 = split * kKeyBlock; k0 < Tk; k0 += splits * kKeyBlock) {
+          const int64_t n = std::min(kKeyBlock, Tk - k0);
+          int64_t ldk = 0, ldv = 0;
+          const acc_t* kt = load_key_tile(k + k_layout.at(b, k0, g), k_layout.seq_stride, n, Dqk, s.k.data(), &ldk);
+          const acc_t* vt = load_key_tile(v + v_layout.at(b, k0, g), v_layout.seq_stride, n, Dv, s.v.data(), &ldv);
+          fill_row(s.dk.data(), n * Dqk, acc_t(0));
+          fill_row(s.dv.data(), n * Dv, acc_t(0));
+
+          const int64_t i_first = p.query_first(b, k0), i_last = p.query_last(b, k0 + n - 1);
+          for (int64_t i0 = i_first; i0 <= i_last; i0 += block_positions) {
+            const int64_t rows = std::min(block_positions, i_last + 1 - i0) * G;
+            // Row r is query position i0 + r / G of head g * G + r % G.
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t pos = i0 + r / G, h = g * G + r % G;
+              convert_row(q + q_layout.at(b, pos, h), s.q.data() + r * Dqk, Dqk);
+              convert_row(dout + dout_layout.at(b, pos, h), s.dout.data() + r * Dv, Dv);
+              s.lse[r] = lse[lse_layout.at(b, pos, h)];
+              s.delta[r] = delta[(p.token_q[b] + pos) * Hq + h];
+            }
+            // scores[rows, n] = scale * Q K^T, soft-capped; probs = exp(scores - lse) on visible keys.
+            gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), s.scores.data(),
+                        kKeyBlock);
+            for (int64_t r = 0; r < rows; ++r) {
+              acc_t* srow = s.scores.data() + r * kKeyBlock;
+              acc_t* prow = s.probs.data() + r * kKeyBlock;
+              const int64_t pos = i0 + r / G;
+              const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
+              const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
+              fill_row(prow, n, acc_t(0));
+              if (lo > hi || s.lse[r] == neg_inf) {
+                continue;
+              }
+              if (softcap > 0) {
+                softcap_row(srow + lo, hi - lo + 1, softcap);
+              }
+              std::copy(srow + lo, srow + hi + 1, prow + lo);
+              exp_shift_sum(prow + lo, hi - lo + 1, s.lse[r]);
+            }
+            // dV[n, Dv] += P^T dO ; dP[rows, n] = dO V^T
+            gemm<acc_t>(true, false, n, Dv, rows, acc_t(1), s.probs.data(), kKeyBlock, s.dout.data(), Dv, acc_t(1),
+                        s.dv.data(), Dv);
+            gemm<acc_t>(false, true, rows, n, Dv, acc_t(1), s.dout.data(), Dv, vt, ldv, acc_t(0), s.dscores.data(),
+                        kKeyBlock);
+            // dS = P * (dP - delta), times d(softcap)/d(logit) = 1 - tanh^2 when capped.
+            for (int64_t r = 0; r < rows; ++r) {
+              logit_grad_row(s.probs.data() + r * kKeyBlock, s.scores.data() + r * kKeyBlock,
+                             s.dscores.data() + r * kKeyBlock, n, s.delta[r], softcap);
+            }
+            // dK[n, Dqk] += scale * dS^T Q ; dQ[rows, Dqk] = scale * dS K
+            gemm<acc_t>(true, false, n, Dqk, rows, scale, s.dscores.data(), kKeyBlock, s.q.data(), Dqk, acc_t(1),
+                        s.dk.data(), Dqk);
+            gemm<acc_t>(false, false, rows, Dqk, n, scale, s.dscores.data(), kKeyBlock, kt, ldk, acc_t(0),
+                        s.dq.data(), Dqk);
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t pos = i0 + r / G, h = g * G + r % G;
+              add_row(dq_acc + ((p.token_q[b] + pos) * Hq + h) * Dqk, s.dq.data() + r * Dqk, Dqk);
+            }
+          }
+          for (int64_t j = 0; j < n; ++j) {
+            convert_row(s.dk.data() + j * Dqk, dk + dk_layout.at(b, k0 + j, g), Dqk);
+            convert_row(s.dv.data() + j * Dv, dv + dv_layout.at(b, k0 + j, g), Dv);
+          }
+        }
+      });
+
+  // dq = sum of the splits' partial sums.
+  for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t row) {
+    acc_t* first = dq_partial.data() + row * Dqk;
+    for (int64_t split = 1; split < splits; ++split) {
+      add_row(first, dq_partial.data() + (split * p.total_q * Hq + row) * Dqk, Dqk);
+    }
+    convert_row(first, dq + dq_layout.at(b, i, h), Dqk);
+  });
+}
+
+#define ATTN_OPS_INSTANTIATE_BACKWARD(scalar_t)                                                                    \
+  template void attention_backward_kernel<scalar_t, acc_type<scalar_t>>(                                           \
+      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const SeqLayout&,               \
+      const scalar_t*, const SeqLayout&, const scalar_t*, const SeqLayout&, const scalar_t*, const SeqLayout&,     \
+      const acc_type<scalar_t>*, const acc_type<scalar_t>*, const SeqLayout&, scalar_t*, const SeqLayout&,         \
+      scalar_t*, const SeqLayout&, scalar_t*, const SeqLayout&);
+ATTN_OPS_INSTANTIATE_BACKWARD(float)
+ATTN_OPS_INSTANTIATE_BACKWARD(double)
+ATTN_OPS_INSTANTIATE_BACKWARD(c10::Half)
+ATTN_OPS_INSTANTIATE_BACKWARD(c10::BFloat16)
+#undef ATTN_OPS_INSTANTIATE_BACKWARD
+
+}  // namespace attn_ops::cpu

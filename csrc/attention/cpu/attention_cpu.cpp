@@ -1,0 +1,157 @@
+// CPU kernels of attention / attention_backward: validation (shared with every backend), output
+// allocation, and dispatch to the forward and backward tile kernels by dtype.
+#include "attention/validation.h"
+#include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/row_ops.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+namespace attn_ops::cpu {
+
+AttentionProblem make_problem(const AttentionShape& shape, const AttentionOptions& opts) {
+  AttentionProblem p;
+  p.batch = shape.batch.expect_int();
+  p.heads_q = shape.heads_q.expect_int();
+  p.heads_kv = shape.heads_kv.expect_int();
+  p.group = p.heads_q / p.heads_kv;
+  p.dim_qk = shape.head_dim_qk.expect_int();
+  p.dim_v = shape.head_dim_v.expect_int();
+  p.scale = attention_scale(shape, opts);
+  p.softcap = opts.softcap;
+  p.len_q.resize(p.batch);
+  p.len_k.resize(p.batch);
+  p.token_q.resize(p.batch);
+  if (shape.varlen) {
+    const at::Tensor cu_q = opts.cu_seqlens_q->contiguous(), cu_k = opts.cu_seqlens_k->contiguous();
+    const int32_t *cq = cu_q.data_ptr<int32_t>(), *ck = cu_k.data_ptr<int32_t>();
+    for (int64_t b = 0; b < p.batch; ++b) {
+      p.len_q[b] = cq[b + 1] - cq[b];
+      p.len_k[b] = ck[b + 1] - ck[b];
+      p.token_q[b] = cq[b];
+    }
+  } else {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      p.len_q[b] = shape.seqlen_q.expect_int();
+      p.len_k[b] = shape.seqlen_k.expect_int();
+      p.token_q[b] = b * p.len_q[b];
+    }
+  }
+  p.total_q = shape.varlen ? shape.seqlen_q.expect_int() : p.batch * shape.seqlen_q.expect_int();
+  // Windows wider than every sequence are unbounded; clamping keeps the index arithmetic far from overflow.
+  const int64_t longest = std::max(shape.seqlen_q.expect_int(), shape.seqlen_k.expect_int());
+  auto clamp_window = [&](int64_t w) { return w > longest ? -1 : w; };
+  p.window_left = clamp_window(opts.window_left);
+  p.window_right = clamp_window(opts.effective_window_right());
+  return p;
+}
+
+namespace {
+
+// Token starts of the sequences: cu_seqlens for varlen, none for dense (the batch stride does it).
+std::vector<int64_t> token_starts(const AttentionProblem& p, const AttentionOptions& opts, bool keys) {
+  std::vector<int64_t> starts(p.batch, 0);
+  if (opts.varlen()) {
+    const at::Tensor cu = (keys ? *opts.cu_seqlens_k : *opts.cu_seqlens_q).contiguous();
+    for (int64_t b = 0; b < p.batch; ++b) {
+      starts[b] = cu.data_ptr<int32_t>()[b];
+    }
+  }
+  return starts;
+}
+
+SeqLayout layout_of(const at::Tensor& t, const AttentionProblem& p, const std::vector<int64_t>& starts, bool varlen,
+                    int64_t seq_dim, int64_t head_dim) {
+  SeqLayout l;
+  l.seq_stride = t.stride(seq_dim);
+  l.head_stride = t.stride(head_dim);
+  l.base.resize(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    l.base[b] = varlen ? starts[b] * l.seq_stride : b * t.stride(0);
+  }
+  return l;
+}
+
+struct Layouts {
+  std::vector<int64_t> q_starts, k_starts;
+  bool varlen;
+  SeqLayout tokens(const at::Tensor& t, const AttentionProblem& p, bool keys) const {
+    return varlen ? layout_of(t, p, keys ? k_starts : q_starts, true, 0, 1) : layout_of(t, p, {}, false, 1, 2);
+  }
+  SeqLayout lse(const at::Tensor& t, const AttentionProblem& p) const {
+    return varlen ? layout_of(t, p, q_starts, true, 1, 0) : layout_of(t, p, {}, false, 2, 1);
+  }
+};
+
+Layouts make_layouts(const AttentionProblem& p, const AttentionOptions& opts) {
+  return Layouts{token_starts(p, opts, false), token_starts(p, opts, true), opts.varlen()};
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 std::optional<double> scale, bool causal, int64_t window_left,
+                                                 int64_t window_right, double softcap,
+                                                 const std::optional<at::Tensor>& cu_seqlens_q,
+                                                 const std::optional<at::Tensor>& cu_seqlens_k,
+                                                 std::optional<int64_t> max_seqlen_q,
+                                                 std::optional<int64_t> max_seqlen_k) {
+  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap,
+                                                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const AttentionShape shape = check_attention_inputs("attn_ops.attention", q, k, v, opts);
+  at::Tensor out = at::empty_symint(attention_out_shape(shape), q.options());
+  at::Tensor lse =
+      at::empty_symint(attention_lse_shape(shape), q.options().dtype(attention_lse_dtype(q.scalar_type())));
+  const AttentionProblem p = make_problem(shape, opts);
+  const Layouts layouts = make_layouts(p, opts);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
+    using acc_t = acc_type<scalar_t>;
+    attention_forward_kernel<scalar_t, acc_t>(
+        p, q.const_data_ptr<scalar_t>(), layouts.tokens(q, p, false), k.const_data_ptr<scalar_t>(),
+        layouts.tokens(k, p, true), v.const_data_ptr<scalar_t>(), layouts.tokens(v, p, true),
+        out.mutable_data_ptr<scalar_t>(), layouts.tokens(out, p, false), lse.mutable_data_ptr<acc_t>(),
+        layouts.lse(lse, p));
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
+    std::optional<int64_t> max_seqlen_k) {
+  const char* op = "attn_ops.attention_backward";
+  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap,
+                                                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const AttentionShape shape = check_attention_inputs(op, q, k, v, opts);
+  check_attention_backward_inputs(op, shape, q, dout, out, lse, dlse);
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
+  const AttentionProblem p = make_problem(shape, opts);
+  const Layouts layouts = make_layouts(p, opts);
+  // lse and dlse are read through one layout; make them share strides.
+  const at::Tensor lse_c = lse.contiguous();
+  const std::optional<at::Tensor> dlse_c = dlse.has_value() ? std::optional(dlse->contiguous()) : std::nullopt;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_backward", [&] {
+    using acc_t = acc_type<scalar_t>;
+    attention_backward_kernel<scalar_t, acc_t>(
+        p, dout.const_data_ptr<scalar_t>(), layouts.tokens(dout, p, false), q.const_data_ptr<scalar_t>(),
+        layouts.tokens(q, p, false), k.const_data_ptr<scalar_t>(), layouts.tokens(k, p, true),
+        v.const_data_ptr<scalar_t>(), layouts.tokens(v, p, true), out.const_data_ptr<scalar_t>(),
+        layouts.tokens(out, p, false), lse_c.const_data_ptr<acc_t>(),
+        dlse_c.has_value() ? dlse_c->const_data_ptr<acc_t>() : nullptr, layouts.lse(lse_c, p),
+        dq.mutable_data_ptr<scalar_t>(), layouts.tokens(dq, p, false), dk.mutable_data_ptr<scalar_t>(),
+        layouts.tokens(dk, p, true), dv.mutable_data_ptr<scalar_t>(), layouts.tokens(dv, p, true));
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
+  m.impl("attention", &attention_cpu);
+  m.impl("attention_backward", &attention_backward_cpu);
+}
+
+}  // namespace attn_ops::cpu

@@ -1,0 +1,138 @@
+// CPU forward of attention: flash-style tiling with an online softmax.
+//
+// One work item is (sequence, KV head, block of query positions). The query rows of all heads of the
+// KV group are packed into one [rows, Dqk] tile, so each K/V tile is loaded once for the whole group
+// and the two products per tile (Q K^T and P V) are single GEMMs. Scores live in a [rows, key_tile]
+// buffer; nothing of size [Tq, Tk] is ever materialized.
+#include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/blas.h"
+#include "attention/cpu/parallel.h"
+#include "attention/cpu/row_ops.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace attn_ops::cpu {
+namespace {
+
+constexpr int64_t kTargetRows = 128;  // query rows (positions x group heads) per tile
+constexpr int64_t kKeyTile = 256;     // keys per tile
+
+struct WorkItem {
+  int64_t batch, kv_head, q_begin, q_end;
+};
+
+template <typename acc_t>
+struct ForwardScratch {
+  std::vector<acc_t> q, scores, acc, row_max, row_sum, k, v;
+  ForwardScratch(int64_t rows, int64_t dqk, int64_t dv)
+      : q(rows * dqk), scores(rows * kKeyTile), acc(rows * dv), row_max(rows), row_sum(rows), k(kKeyTile * dqk),
+        v(kKeyTile * dv) {}
+};
+
+}  // namespace
+
+template <typename scalar_t, typename acc_t>
+void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
+                              const scalar_t* k, const SeqLayout& k_layout, const scalar_t* v,
+                              const SeqLayout& v_layout, scalar_t* out, const SeqLayout& out_layout, acc_t* lse,
+                              const SeqLayout& lse_layout) {
+  const int64_t G = p.group, Dqk = p.dim_qk, Dv = p.dim_v;
+  const int64_t block_positions = std::max<int64_t>(1, kTargetRows / G);
+  const int64_t max_rows = block_positions * G;
+
+  std::vector<WorkItem> items;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t g = 0; g < p.heads_kv; ++g) {
+      for (int64_t i0 = 0; i0 < p.len_q[b]; i0 += block_positions) {
+        items.push_back({b, g, i0, std::min(p.len_q[b], i0 + block_positions)});
+      }
+    }
+  }
+  // Longest first (most visible keys), so the tail of the schedule holds small items.
+  auto work = [&](const WorkItem& w) { return p.key_hi(w.batch, w.q_end - 1) - p.key_lo(w.batch, w.q_begin); };
+  std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) { return work(a) > work(b); });
+
+  const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
+  const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
+
+  parallel_items(
+      static_cast<int64_t>(items.size()), [&] { return ForwardScratch<acc_t>(max_rows, Dqk, Dv); },
+      [&](int64_t item_index, ForwardScratch<acc_t>& s) {
+        const WorkItem& w = items[item_index];
+        const int64_t b = w.batch, g = w.kv_head, positions = w.q_end - w.q_begin, rows = positions * G;
+        // Row r is query position q_begin + r / G of head g * G + r % G.
+        for (int64_t r = 0; r < rows; ++r) {
+          convert_row(q + q_layout.at(b, w.q_begin + r / G, g * G + r % G), s.q.data() + r * Dqk, Dqk);
+        }
+        fill_row(s.row_max.data(), rows, neg_inf);
+        fill_row(s.row_sum.data(), rows, acc_t(0));
+        fill_row(s.acc.data(), rows * Dv, acc_t(0));
+
+        const int64_t k_first = p.key_lo(b, w.q_begin), k_last = p.key_hi(b, w.q_end - 1);
+        for (int64_t k0 = k_first; k0 <= k_last; k0 += kKeyTile) {
+          const int64_t n = std::min(kKeyTile, k_last + 1 - k0);
+          int64_t ldk = 0, ldv = 0;
+          const acc_t* kt = load_key_tile(k + k_layout.at(b, k0, g), k_layout.seq_stride, n, Dqk, s.k.data(), &ldk);
+          const acc_t* vt = load_key_tile(v + v_layout.at(b, k0, g), v_layout.seq_stride, n, Dv, s.v.data(), &ldv);
+          acc_t* scores = s.scores.data();
+          // scores[rows, n] = scale * Q K^T
+          gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), scores, kKeyTile);
+          for (int64_t r = 0; r < rows; ++r) {
+            acc_t* srow = scores + r * kKeyTile;
+            const int64_t pos = w.q_begin + r / G;
+            const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
+            const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
+            if (lo > hi) {  // no visible key in this tile: the row adds nothing
+              fill_row(srow, n, acc_t(0));
+              continue;
+            }
+            acc_t* visible = srow + lo;
+            const int64_t count = hi - lo + 1;
+            if (softcap > 0) {
+              softcap_row(visible, count, softcap);
+            }
+            const acc_t old_max = s.row_max[r];
+            const acc_t new_max = std::max(old_max, row_max(visible, count));
+            const acc_t tile_sum = exp_shift_sum(visible, count, new_max);
+            fill_row(srow, lo, acc_t(0));
+            fill_row(srow + hi + 1, n - hi - 1, acc_t(0));
+            if (old_max != new_max) {
+              const acc_t correction = std::exp(old_max - new_max);  // 0 when old_max is -inf
+              s.row_sum[r] *= correction;
+              scale_row(s.acc.data() + r * Dv, Dv, correction);
+              s.row_max[r] = new_max;
+            }
+            s.row_sum[r] += tile_sum;
+          }
+          // acc[rows, Dv] += P V
+          gemm<acc_t>(false, false, rows, Dv, n, acc_t(1), scores, kKeyTile, vt, ldv, acc_t(1), s.acc.data(), Dv);
+        }
+
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t pos = w.q_begin + r / G, h = g * G + r % G;
+          const acc_t sum = s.row_sum[r];
+          acc_t* acc_row = s.acc.data() + r * Dv;
+          // A row with no visible key has sum 0: output zeros and lse = -inf.
+          scale_row(acc_row, Dv, sum > 0 ? acc_t(1) / sum : acc_t(0));
+          convert_row(acc_row, out + out_layout.at(b, pos, h), Dv);
+          lse[lse_layout.at(b, pos, h)] = sum > 0 ? s.row_max[r] + std::log(sum) : neg_inf;
+        }
+      });
+}
+
+#define ATTN_OPS_INSTANTIATE_FORWARD(scalar_t)                                                                      \
+  template void attention_forward_kernel<scalar_t, acc_type<scalar_t>>(                                             \
+      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const SeqLayout&, const scalar_t*, \
+      const SeqLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
+ATTN_OPS_INSTANTIATE_FORWARD(float)
+ATTN_OPS_INSTANTIATE_FORWARD(double)
+ATTN_OPS_INSTANTIATE_FORWARD(c10::Half)
+ATTN_OPS_INSTANTIATE_FORWARD(c10::BFloat16)
+#undef ATTN_OPS_INSTANTIATE_FORWARD
+
+}  // namespace attn_ops::cpu

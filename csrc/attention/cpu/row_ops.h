@@ -1,0 +1,167 @@
+// Vectorized loops over one row of a score tile (at::vec picks AVX2 or scalar code at build time).
+#pragma once
+
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+namespace attn_ops::cpu {
+
+// Accumulation type: float for every input dtype but float64.
+template <typename scalar_t>
+using acc_type = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+template <typename T>
+using Vec = at::vec::Vectorized<T>;
+
+template <typename T>
+inline Vec<T> vec_exp(const Vec<T>& x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x.exp_u20();  // ~1 ulp-class accuracy at a fraction of the cost of a full-precision exp
+  } else {
+    return x.exp();
+  }
+}
+
+template <typename T>
+inline T row_max(const T* x, int64_t n) {
+  constexpr int64_t W = Vec<T>::size();
+  T m = -std::numeric_limits<T>::infinity();
+  int64_t i = 0;
+  if (n >= W) {
+    Vec<T> vm(m);
+    for (; i + W <= n; i += W) {
+      vm = at::vec::maximum(vm, Vec<T>::loadu(x + i));
+    }
+    m = at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return at::vec::maximum(a, b); }, vm);
+  }
+  for (; i < n; ++i) {
+    m = std::max(m, x[i]);
+  }
+  return m;
+}
+
+// x = exp(x - shift) in place; returns the sum of the new values.
+template <typename T>
+inline T exp_shift_sum(T* x, int64_t n, T shift) {
+  constexpr int64_t W = Vec<T>::size();
+  const Vec<T> vs(shift);
+  Vec<T> vsum(T(0));
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    Vec<T> e = vec_exp(Vec<T>::loadu(x + i) - vs);
+    e.store(x + i);
+    vsum = vsum + e;
+  }
+  T sum = at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, vsum);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
+// x *= a in place.
+template <typename T>
+inline void scale_row(T* x, int64_t n, T a) {
+  constexpr int64_t W = Vec<T>::size();
+  const Vec<T> va(a);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    (Vec<T>::loadu(x + i) * va).store(x + i);
+  }
+  for (; i < n; ++i) {
+    x[i] *= a;
+  }
+}
+
+// x = cap * tanh(x / cap) in place (logit soft-capping).
+template <typename T>
+inline void softcap_row(T* x, int64_t n, T cap) {
+  constexpr int64_t W = Vec<T>::size();
+  const Vec<T> vcap(cap), vinv(T(1) / cap);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    ((Vec<T>::loadu(x + i) * vinv).tanh() * vcap).store(x + i);
+  }
+  for (; i < n; ++i) {
+    x[i] = cap * std::tanh(x[i] / cap);
+  }
+}
+
+inline void fill_row(float* x, int64_t n, float value) { std::fill(x, x + n, value); }
+inline void fill_row(double* x, int64_t n, double value) { std::fill(x, x + n, value); }
+
+// Converts n contiguous values between storage and accumulation types.
+template <typename src_t, typename dst_t>
+inline void convert_row(const src_t* src, dst_t* dst, int64_t n) {
+  if constexpr (std::is_same_v<src_t, dst_t>) {
+    std::copy(src, src + n, dst);
+  } else {
+    at::vec::convert(src, dst, n);
+  }
+}
+
+// dst += src over n values.
+template <typename T>
+inline void add_row(T* dst, const T* src, int64_t n) {
+  constexpr int64_t W = Vec<T>::size();
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    (Vec<T>::loadu(dst + i) + Vec<T>::loadu(src + i)).store(dst + i);
+  }
+  for (; i < n; ++i) {
+    dst[i] += src[i];
+  }
+}
+
+// Gradient of the logits from the probabilities: ds = p * (dp - delta), times (1 - (s / cap)^2) when the
+// logits s were soft-capped (the derivative of cap * tanh(x / cap)). `ds` holds dp on entry.
+template <typename T>
+inline void logit_grad_row(const T* p, const T* s, T* ds, int64_t n, T delta, T cap) {
+  constexpr int64_t W = Vec<T>::size();
+  const Vec<T> vdelta(delta), vone(T(1)), vinv(cap > 0 ? T(1) / cap : T(0));
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    Vec<T> g = Vec<T>::loadu(p + i) * (Vec<T>::loadu(ds + i) - vdelta);
+    if (cap > 0) {
+      const Vec<T> t = Vec<T>::loadu(s + i) * vinv;
+      g = g * (vone - t * t);
+    }
+    g.store(ds + i);
+  }
+  for (; i < n; ++i) {
+    T g = p[i] * (ds[i] - delta);
+    if (cap > 0) {
+      const T t = s[i] / cap;
+      g *= T(1) - t * t;
+    }
+    ds[i] = g;
+  }
+}
+
+// A tile of n consecutive keys of one head as a row-major [n, dim] matrix of acc_t: the tensor itself
+// when its type and row stride allow a BLAS operand, else a converted copy in `buffer`. Sets *ld.
+template <typename scalar_t, typename acc_t>
+const acc_t* load_key_tile(const scalar_t* src, int64_t seq_stride, int64_t n, int64_t dim, acc_t* buffer,
+                           int64_t* ld) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    if (seq_stride >= dim) {
+      *ld = seq_stride;
+      return src;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    convert_row(src + j * seq_stride, buffer + j * dim, dim);
+  }
+  *ld = dim;
+  return buffer;
+}
+
+}  // namespace attn_ops::cpu

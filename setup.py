@@ -1,0 +1,80 @@
+"""Build attn_ops._C, the operator library, with torch.utils.cpp_extension.
+
+CUDA sources (csrc/**/cuda/*.cu) are compiled when nvcc is found, unless ATTN_OPS_CUDA=0; the CUDA
+architectures come from TORCH_CUDA_ARCH_LIST (there is no GPU to detect on a build machine, so set
+it, e.g. TORCH_CUDA_ARCH_LIST=9.0). Install with:  pip install --no-build-isolation -e .
+"""
+import glob
+import os
+import platform
+import shutil
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def cpu_isa_flags():
+    """Vector ISA flags for the CPU kernels (at::vec picks its implementation from CPU_CAPABILITY).
+
+    ATTN_OPS_CPU_ISA=avx2|default overrides the host detection; keep in sync with CMakeLists.txt.
+    """
+    isa = os.environ.get("ATTN_OPS_CPU_ISA")
+    if isa is None:
+        isa = "default"
+        if platform.machine() in ("x86_64", "AMD64") and os.path.exists("/proc/cpuinfo"):
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+            if all(f" {flag}" in flags for flag in ("avx2", "fma", "f16c")):
+                isa = "avx2"
+    if isa == "avx2":
+        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    if isa == "default":
+        return []
+    raise ValueError(f"ATTN_OPS_CPU_ISA must be 'avx2' or 'default', got {isa!r}")
+
+
+def want_cuda():
+    setting = os.environ.get("ATTN_OPS_CUDA")
+    if setting is not None:
+        return setting not in ("0", "", "false", "False", "OFF", "off")
+    return shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+
+
+def sources(pattern):
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
+
+
+def make_extension():
+    cpp_sources = sources("csrc/**/*.cpp")
+    cuda_sources = sources("csrc/**/*.cu")
+    cxx_flags = ["-O3", "-std=c++20", "-fvisibility-inlines-hidden"] + cpu_isa_flags()
+    common = dict(
+        name="attn_ops._C",
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        py_limited_api=False,
+    )
+    if want_cuda() and cuda_sources:
+        return CUDAExtension(
+            sources=cpp_sources + cuda_sources,
+            define_macros=[("ATTN_OPS_WITH_CUDA", "1")],
+            extra_compile_args={
+                "cxx": cxx_flags,
+                "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr", "-lineinfo"],
+            },
+            **common,
+        )
+    return CppExtension(sources=cpp_sources, extra_compile_args={"cxx": cxx_flags}, **common)
+
+
+setup(
+    name="attn_ops",
+    version="0.1.0",
+    description="MQA / GQA / MLA attention and KV-cache operators for PyTorch (CPU and CUDA)",
+    packages=find_packages(include=["attn_ops", "attn_ops.*"]),
+    ext_modules=[make_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.11"],
+)
