@@ -49,9 +49,12 @@ def sources(pattern):
 def make_extension():
     cpp_sources = sources("csrc/**/*.cpp")
     cuda_sources = sources("csrc/**/*.cu")
-    cxx_flags = ["-O3", "-std=c++20", "-fvisibility-inlines-hidden"] + cpu_isa_flags()
+    # -fopenmp: at::parallel_for is a header template whose `#pragma omp parallel` is compiled here;
+    # without it the kernels run on one thread (and MKL then forks a team for every small GEMM).
+    cxx_flags = ["-O3", "-std=c++20", "-fvisibility-inlines-hidden", "-fopenmp"] + cpu_isa_flags()
     common = dict(
         name="attn_ops._C",
+        extra_link_args=["-fopenmp"],
         include_dirs=[os.path.join(ROOT, "csrc")],
         py_limited_api=False,
     )

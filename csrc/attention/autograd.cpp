@@ -40,8 +40,12 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     auto optional_tensor = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
     auto& data = ctx->saved_data;
-    // Either output may be unused by the loss; an unused output contributes no gradient.
-    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    // Either output may be unused by the loss; an unused output contributes no gradient. Incoming
+    // gradients can be expanded (out.sum() gives stride 0), and the kernels read rows with stride 1.
+    at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    if (dout.sym_stride(-1) != 1) {
+      dout = dout.contiguous();
+    }
     auto [dq, dk, dv] = attn_ops::attention_backward(
         dout, q, k, v, out, lse, optional_tensor(grads[1]), data["scale"].toOptional<double>(),
         data["causal"].toBool(), data["window_left"].toInt(), data["window_right"].toInt(), data["softcap"].toDouble(),

@@ -22,6 +22,9 @@ inline std::string dtype_name(c10::ScalarType t) {
     case c10::ScalarType::Char: return "int8";
     case c10::ScalarType::Byte: return "uint8";
     case c10::ScalarType::Bool: return "bool";
+    case c10::ScalarType::ComplexHalf: return "complex32";
+    case c10::ScalarType::ComplexFloat: return "complex64";
+    case c10::ScalarType::ComplexDouble: return "complex128";
     default: return c10::toString(t);
   }
 }

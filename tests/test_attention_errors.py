@@ -1,0 +1,589 @@
+"""Bad-input tests: every error message of docs/attention_api.md, for attention and
+attention_backward, plus nasty inputs that must give a clean RuntimeError or a correct result
+(never a crash: they are first run in a child process, so a crash fails only its own case).
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attn_ops
+from reference import assert_close_to_ref, attention_ref, cu_seqlens, ref_kwargs
+
+FNS = ["attention", "attention_backward"]
+PREFIX = {"attention": "attn_ops.attention: ", "attention_backward": "attn_ops.attention_backward: "}
+
+DENSE_Q, DENSE_K, DENSE_V = (2, 5, 8, 64), (2, 7, 4, 64), (2, 7, 4, 64)
+VAR_Q, VAR_K, VAR_V = (12, 8, 64), (7, 4, 64), (7, 4, 64)
+CU_Q, CU_K = [0, 5, 12], [0, 3, 7]
+
+
+def rand(shape, dtype=torch.float32, device="cpu"):
+    if dtype.is_floating_point:
+        return torch.randn(shape, dtype=dtype, device=device)
+    return (torch.randn(shape, device=device) * 3).to(dtype)
+
+
+def qkv(device="cpu", q=DENSE_Q, k=DENSE_K, v=DENSE_V, dtype=torch.float32):
+    return rand(q, dtype, device), rand(k, dtype, device), rand(v, dtype, device)
+
+
+def varlen(device="cpu", q=VAR_Q, k=VAR_K, v=VAR_V, cu_q=CU_Q, cu_k=CU_K, dtype=torch.float32):
+    kw = dict(cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=device),
+              cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=device))
+    return (*qkv(device, q, k, v, dtype), kw)
+
+
+def bwd_extras(q, v, kw):
+    """dout, out, lse consistent with q/v (so that only the tested argument is wrong)."""
+    dt = q.dtype
+    ldt = torch.float64 if dt == torch.float64 else torch.float32
+    if kw.get("cu_seqlens_q") is not None and q.dim() == 3:
+        out_shape, lse_shape = (q.shape[0], q.shape[1], v.shape[-1]), (q.shape[1], q.shape[0])
+    elif q.dim() == 4:
+        out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    else:
+        out_shape, lse_shape = tuple(q.shape), (1,)
+    return rand(out_shape, dt, q.device), rand(out_shape, dt, q.device), rand(lse_shape, ldt, q.device)
+
+
+def call(fn, q, k, v, dout=None, out=None, lse=None, **kw):
+    if fn == "attention":
+        return attn_ops.attention(q, k, v, **kw)
+    d, o, l = bwd_extras(q, v, kw)
+    dout = d if dout is None else dout
+    out = o if out is None else out
+    lse = l if lse is None else lse
+    return attn_ops.attention_backward(dout, q, k, v, out, lse, **kw)
+
+
+def raises(fn, msg, *args, **kw):
+    with pytest.raises(RuntimeError, match=re.escape(PREFIX[fn] + msg)):
+        call(fn, *args, **kw)
+
+
+def raises_re(fn, pattern, *args, **kw):
+    with pytest.raises(RuntimeError, match=re.escape(PREFIX[fn]) + pattern):
+        call(fn, *args, **kw)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ranks
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fn", FNS)
+def test_q_must_be_4d(fn, device):
+    raises(fn, "q must be a 4-D tensor [batch, seqlen_q, heads_q, head_dim_qk], "
+               "got a 3-D tensor of shape [2, 5, 64]", *qkv(device, q=(2, 5, 64)))
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_k_v_must_be_4d(fn, device):
+    raises(fn, "k must be a 4-D tensor [batch, seqlen_k, heads_kv, head_dim_qk], "
+               "got a 3-D tensor of shape [2, 7, 64]", *qkv(device, k=(2, 7, 64)))
+    raises(fn, "v must be a 4-D tensor [batch, seqlen_k, heads_kv, head_dim_v], "
+               "got a 5-D tensor of shape [2, 7, 4, 64, 1]", *qkv(device, v=(2, 7, 4, 64, 1)))
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_varlen_q_must_be_3d(fn, device):
+    q, k, v, kw = varlen(device, q=(2, 5, 8, 64))
+    raises(fn, "q must be a 3-D tensor [total_q, heads_q, head_dim_qk] when cu_seqlens_q is "
+               "given, got a 4-D tensor of shape [2, 5, 8, 64]", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_varlen_k_v_must_be_3d(fn, device):
+    q, k, v, kw = varlen(device, k=(1, 7, 4, 64))
+    raises_re(fn, re.escape("k must be a 3-D tensor [total_k, heads_kv, head_dim_qk]") + ".*" +
+              re.escape("got a 4-D tensor of shape [1, 7, 4, 64]"), q, k, v, **kw)
+    q, k, v, kw = varlen(device, v=(7, 4))
+    raises_re(fn, re.escape("v must be a 3-D tensor [total_k, heads_kv, head_dim_v]") + ".*" +
+              re.escape("got a 2-D tensor of shape [7, 4]"), q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_cu_seqlens_given_together(fn, device):
+    q, k, v, kw = varlen(device)
+    raises(fn, "cu_seqlens_q and cu_seqlens_k must be given together, got only cu_seqlens_q",
+           q, k, v, cu_seqlens_q=kw["cu_seqlens_q"])
+    raises(fn, "cu_seqlens_q and cu_seqlens_k must be given together, got only cu_seqlens_k",
+           q, k, v, cu_seqlens_k=kw["cu_seqlens_k"])
+
+
+# --------------------------------------------------------------------------------------------------
+# dtypes, devices, strides
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [torch.int32, torch.int64, torch.bool, torch.complex64],
+                         ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("fn", FNS)
+def test_q_dtype(fn, bad, device):
+    q, k, v = (x.to(bad) for x in qkv(device))
+    name = str(bad).replace("torch.", "")
+    raises(fn, f"q must be float16, bfloat16, float32 or float64, got {name}", q, k, v)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_k_v_dtype(fn, device):
+    q, k, v = qkv(device)
+    raises(fn, "k must have the same dtype as q (float32), got bfloat16", q, k.bfloat16(), v)
+    raises(fn, "v must have the same dtype as q (float32), got float64", q, k, v.double())
+    q, k, v = qkv(device, dtype=torch.float16)
+    raises(fn, "k must have the same dtype as q (float16), got float32", q, k.float(), v)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_device_mismatch_meta(fn):
+    q, k, v = qkv("cpu")
+    raises(fn, "k must be on the same device as q (cpu), got meta", q, k.to("meta"), v)
+    raises(fn, "v must be on the same device as q (cpu), got meta", q, k, v.to("meta"))
+    q, k, v, kw = varlen("cpu")
+    raises(fn, "cu_seqlens_q must be on the same device as q (cpu), got meta", q, k, v,
+           cu_seqlens_q=kw["cu_seqlens_q"].to("meta"), cu_seqlens_k=kw["cu_seqlens_k"])
+    raises(fn, "cu_seqlens_k must be on the same device as q (cpu), got meta", q, k, v,
+           cu_seqlens_q=kw["cu_seqlens_q"], cu_seqlens_k=kw["cu_seqlens_k"].to("meta"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("fn", FNS)
+def test_device_mismatch_cuda(fn):
+    q, k, v = qkv("cpu")
+    raises(fn, "k must be on the same device as q (cpu), got cuda", q, k.cuda(), v)
+    raises(fn, "v must be on the same device as q (cpu), got cuda", q, k, v.cuda())
+    q, k, v = qkv("cuda")
+    raises(fn, "k must be on the same device as q (cuda", q, k.cpu(), v)
+    q, k, v, kw = varlen("cuda")
+    raises(fn, "cu_seqlens_q must be on the same device as q (cuda", q, k, v,
+           cu_seqlens_q=kw["cu_seqlens_q"].cpu(), cu_seqlens_k=kw["cu_seqlens_k"])
+    raises(fn, "cu_seqlens_k must be on the same device as q (cuda", q, k, v,
+           cu_seqlens_q=kw["cu_seqlens_q"], cu_seqlens_k=kw["cu_seqlens_k"].cpu())
+
+
+def strided(shape, device, dtype=torch.float32):
+    x = torch.randn(*shape[:-1], shape[-1] * 2, dtype=dtype, device=device)[..., ::2]
+    assert x.stride(-1) == 2 and tuple(x.shape) == tuple(shape)
+    return x
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_last_dim_stride(fn, device):
+    q, k, v = qkv(device)
+    raises(fn, "q must have stride 1 in its last dimension, got stride 2",
+           strided(DENSE_Q, device), k, v)
+    raises(fn, "k must have stride 1 in its last dimension, got stride 2",
+           q, strided(DENSE_K, device), v)
+    raises(fn, "v must have stride 1 in its last dimension, got stride 2",
+           q, k, strided(DENSE_V, device))
+    q, k, v, kw = varlen(device)
+    raises(fn, "k must have stride 1 in its last dimension, got stride 2",
+           q, strided(VAR_K, device), v, **kw)
+
+
+def test_dout_out_stride(device):
+    q, k, v = qkv(device)
+    raises("attention_backward", "dout must have stride 1 in its last dimension, got stride 2",
+           q, k, v, dout=strided((2, 5, 8, 64), device))
+    raises("attention_backward", "out must have stride 1 in its last dimension, got stride 2",
+           q, k, v, out=strided((2, 5, 8, 64), device))
+
+
+# --------------------------------------------------------------------------------------------------
+# Shapes
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fn", FNS)
+def test_batch_size(fn, device):
+    raises(fn, "k must have batch size 2 (as q), got 3", *qkv(device, k=(3, 7, 4, 64)))
+    raises(fn, "v must have batch size 2 (as q), got 3", *qkv(device, v=(3, 7, 4, 64)))
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_v_seqlen(fn, device):
+    raises(fn, "v must have seqlen_k 7 (as k), got 5", *qkv(device, v=(2, 5, 4, 64)))
+    q, k, v, kw = varlen(device, v=(5, 4, 64))
+    raises(fn, "v must have total_k 7 (as k), got 5", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_v_heads(fn, device):
+    raises(fn, "v must have heads_kv 4 (as k), got 2", *qkv(device, v=(2, 7, 2, 64)))
+    q, k, v, kw = varlen(device, v=(7, 2, 64))
+    raises(fn, "v must have heads_kv 4 (as k), got 2", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_heads_at_least_one(fn, device):
+    raises(fn, "heads_q and heads_kv must be at least 1, got heads_q 0, heads_kv 4",
+           *qkv(device, q=(2, 5, 0, 64)))
+    raises(fn, "heads_q and heads_kv must be at least 1, got heads_q 8, heads_kv 0",
+           *qkv(device, k=(2, 7, 0, 64), v=(2, 7, 0, 64)))
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_heads_multiple(fn, device):
+    raises(fn, "heads_q (6) must be a multiple of heads_kv (4)", *qkv(device, q=(2, 5, 6, 64)))
+    q, k, v, kw = varlen(device, q=(12, 6, 64))
+    raises(fn, "heads_q (6) must be a multiple of heads_kv (4)", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_k_head_dim(fn, device):
+    raises(fn, "k must have head_dim_qk 64 (as q), got 32", *qkv(device, k=(2, 7, 4, 32)))
+    q, k, v, kw = varlen(device, k=(7, 4, 32))
+    raises(fn, "k must have head_dim_qk 64 (as q), got 32", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_head_dims_at_least_one(fn, device):
+    raises(fn, "head_dim_qk and head_dim_v must be at least 1, got 0 and 64",
+           *qkv(device, q=(2, 5, 8, 0), k=(2, 7, 4, 0)))
+    raises(fn, "head_dim_qk and head_dim_v must be at least 1, got 64 and 0",
+           *qkv(device, v=(2, 7, 4, 0)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Scalars
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fn", FNS)
+def test_window_values(fn, device):
+    raises(fn, "window_left must be >= -1 (-1 means unbounded), got -3", *qkv(device),
+           window_left=-3)
+    raises(fn, "window_right must be >= -1 (-1 means unbounded), got -2", *qkv(device),
+           window_right=-2)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_softcap_value(fn, device):
+    raises(fn, "softcap must be >= 0 (0 disables it), got -1", *qkv(device), softcap=-1.0)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_scale_finite(fn, device):
+    raises(fn, "scale must be finite, got inf", *qkv(device), scale=float("inf"))
+    raises(fn, "scale must be finite, got -inf", *qkv(device), scale=float("-inf"))
+    raises_re(fn, re.escape("scale must be finite, got ") + "(?i:-?nan)", *qkv(device),
+              scale=float("nan"))
+
+
+# --------------------------------------------------------------------------------------------------
+# cu_seqlens / max_seqlen
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fn", FNS)
+def test_cu_seqlens_dtype(fn, device):
+    q, k, v, kw = varlen(device)
+    raises(fn, "cu_seqlens_q must be int32, got int64", q, k, v,
+           cu_seqlens_q=kw["cu_seqlens_q"].long(), cu_seqlens_k=kw["cu_seqlens_k"])
+    raises(fn, "cu_seqlens_k must be int32, got int64", q, k, v,
+           cu_seqlens_q=kw["cu_seqlens_q"], cu_seqlens_k=kw["cu_seqlens_k"].long())
+    raises(fn, "cu_seqlens_k must be int32, got float32", q, k, v,
+           cu_seqlens_q=kw["cu_seqlens_q"], cu_seqlens_k=kw["cu_seqlens_k"].float())
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_cu_seqlens_shape(fn, device):
+    q, k, v, kw = varlen(device)
+    i32 = dict(dtype=torch.int32, device=device)
+    raises(fn, "cu_seqlens_q must be a 1-D tensor of length batch + 1 >= 1, got shape [2, 3]",
+           q, k, v, cu_seqlens_q=torch.tensor([CU_Q, CU_Q], **i32),
+           cu_seqlens_k=kw["cu_seqlens_k"])
+    raises(fn, "cu_seqlens_q must be a 1-D tensor of length batch + 1 >= 1, got shape [0]",
+           q, k, v, cu_seqlens_q=torch.tensor([], **i32), cu_seqlens_k=kw["cu_seqlens_k"])
+    raises(fn, "cu_seqlens_k must be a 1-D tensor of length batch + 1 >= 1, got shape [2, 3]",
+           q, k, v, cu_seqlens_q=kw["cu_seqlens_q"],
+           cu_seqlens_k=torch.tensor([CU_K, CU_K], **i32))
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_cu_seqlens_same_length(fn, device):
+    q, k, v, kw = varlen(device, cu_k=[0, 3, 5, 7])
+    raises(fn, "cu_seqlens_k must have the same length as cu_seqlens_q (3), got 4", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_cu_seqlens_start(fn, device):
+    q, k, v, kw = varlen(device, cu_q=[3, 5, 12])
+    raises(fn, "cu_seqlens_q must start at 0, got 3", q, k, v, **kw)
+    q, k, v, kw = varlen(device, cu_k=[1, 3, 7])
+    raises(fn, "cu_seqlens_k must start at 0, got 1", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_cu_seqlens_non_decreasing(fn, device):
+    q, k, v, kw = varlen(device, cu_q=[0, 7, 5, 12], cu_k=[0, 3, 5, 7])
+    raises(fn, "cu_seqlens_q must be non-decreasing, got cu_seqlens_q[2] = 5 after "
+               "cu_seqlens_q[1] = 7", q, k, v, **kw)
+    q, k, v, kw = varlen(device, cu_k=[0, 8, 7])
+    raises(fn, "cu_seqlens_k must be non-decreasing, got cu_seqlens_k[2] = 7 after "
+               "cu_seqlens_k[1] = 8", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_cu_seqlens_end(fn, device):
+    q, k, v, kw = varlen(device, cu_q=[0, 5, 10])
+    raises(fn, "cu_seqlens_q must end at the number of tokens in q (12), got 10", q, k, v, **kw)
+    q, k, v, kw = varlen(device, cu_k=[0, 3, 6])
+    raises(fn, "cu_seqlens_k must end at the number of tokens in k (7), got 6", q, k, v, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_max_seqlen_only_with_cu_seqlens(fn, device):
+    raises(fn, "max_seqlen_q must be given only with cu_seqlens_q", *qkv(device), max_seqlen_q=5)
+    raises(fn, "max_seqlen_k must be given only with cu_seqlens_k", *qkv(device), max_seqlen_k=7)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_max_seqlen_too_small(fn, device):
+    q, k, v, kw = varlen(device, cu_q=[0, 6, 12])
+    raises(fn, "max_seqlen_q (4) is smaller than the longest sequence in cu_seqlens_q (6)",
+           q, k, v, max_seqlen_q=4, **kw)
+    q, k, v, kw = varlen(device)
+    raises(fn, "max_seqlen_k (3) is smaller than the longest sequence in cu_seqlens_k (4)",
+           q, k, v, max_seqlen_k=3, **kw)
+
+
+# --------------------------------------------------------------------------------------------------
+# attention_backward only
+# --------------------------------------------------------------------------------------------------
+BWD = "attention_backward"
+
+
+def test_backward_dout_shape(device):
+    raises(BWD, "dout must have shape [2, 5, 8, 64] (as out), got [2, 5, 8, 32]", *qkv(device),
+           dout=rand((2, 5, 8, 32), device=device))
+
+
+def test_backward_out_shape(device):
+    raises(BWD, "out must have shape [2, 5, 8, 64], got [2, 5, 8, 32]", *qkv(device),
+           out=rand((2, 5, 8, 32), device=device))
+    q, k, v, kw = varlen(device)
+    raises(BWD, "out must have shape [12, 8, 64], got [12, 8, 63]", q, k, v,
+           out=rand((12, 8, 63), device=device), **kw)
+
+
+def test_backward_dout_out_dtype(device):
+    q, k, v = qkv(device, dtype=torch.bfloat16)
+    raises(BWD, "dout must have the same dtype as q (bfloat16), got float32", q, k, v,
+           dout=rand((2, 5, 8, 64), device=device))
+    raises(BWD, "out must have the same dtype as q (bfloat16), got float32", q, k, v,
+           out=rand((2, 5, 8, 64), device=device))
+
+
+def test_backward_lse_shape_dtype(device):
+    q, k, v = qkv(device)
+    raises(BWD, "lse must have shape [2, 8, 5] and dtype float32, got shape [2, 8, 4] and dtype "
+                "float32", q, k, v, lse=rand((2, 8, 4), device=device))
+    raises(BWD, "lse must have shape [2, 8, 5] and dtype float32, got shape [2, 8, 5] and dtype "
+                "float64", q, k, v, lse=rand((2, 8, 5), torch.float64, device))
+    q, k, v = qkv(device, dtype=torch.bfloat16)
+    raises(BWD, "lse must have shape [2, 8, 5] and dtype float32, got shape [2, 8, 5] and dtype "
+                "bfloat16", q, k, v, lse=rand((2, 8, 5), torch.bfloat16, device))
+    q, k, v = qkv(device, dtype=torch.float64)
+    raises(BWD, "lse must have shape [2, 8, 5] and dtype float64, got shape [2, 8, 5] and dtype "
+                "float32", q, k, v, lse=rand((2, 8, 5), torch.float32, device))
+    q, k, v, kw = varlen(device)
+    raises(BWD, "lse must have shape [8, 12] and dtype float32, got shape [12, 8] and dtype "
+                "float32", q, k, v, lse=rand((12, 8), device=device), **kw)
+
+
+def test_backward_dlse_shape_dtype(device):
+    q, k, v = qkv(device)
+    raises(BWD, "dlse must have shape [2, 8, 5] and dtype float32, got shape [2, 8, 4] and dtype "
+                "float32", q, k, v, dlse=rand((2, 8, 4), device=device))
+    raises(BWD, "dlse must have shape [2, 8, 5] and dtype float32, got shape [2, 8, 5] and dtype "
+                "float16", q, k, v, dlse=rand((2, 8, 5), torch.float16, device))
+    q, k, v, kw = varlen(device)
+    raises(BWD, "dlse must have shape [8, 12] and dtype float32, got shape [8, 11] and dtype "
+                "float32", q, k, v, dlse=rand((8, 11), device=device), **kw)
+
+
+def test_autograd_path_raises_same_message(device):
+    q, k, v = qkv(device, k=(2, 7, 4, 32))
+    q.requires_grad_()
+    with pytest.raises(RuntimeError, match=re.escape(
+            "attn_ops.attention: k must have head_dim_qk 64 (as q), got 32")):
+        attn_ops.attention(q, k, v)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "attn_ops.attention: window_left must be >= -1 (-1 means unbounded), got -3")):
+        torch.ops.attn_ops.attention(q, *qkv(device)[1:], window_left=-3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Nasty inputs: a clean RuntimeError or a correct result, never a crash
+# --------------------------------------------------------------------------------------------------
+def error_or_correct(q, k, v, backward=False, **kw):
+    """Run the op; a RuntimeError is fine, otherwise the result must match the reference."""
+    try:
+        out, lse = attn_ops.attention(q, k, v, **kw)
+    except RuntimeError:
+        return None
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    r_out, r_lse = attention_ref(q, k, v, **ref_kwargs(kw))
+    s_out, s_lse = attention_ref(q, k, v, **ref_kwargs(kw), compute_dtype=q.dtype)
+    assert out.shape == r_out.shape and lse.shape == r_lse.shape
+    if out.numel():
+        assert_close_to_ref(out, r_out, s_out, name="out")
+    if lse.numel():
+        assert_close_to_ref(lse, r_lse, s_lse, name="lse")
+    if backward:
+        try:
+            g = attn_ops.attention_backward(torch.randn_like(out), q, k, v, out, lse,
+                                            dlse=torch.randn_like(lse), **kw)
+        except RuntimeError:
+            return None
+        for t, x in zip(g, (q, k, v)):
+            assert t.shape == x.shape and torch.isfinite(t).all()
+    return out, lse
+
+
+def _dense(B, Tq, Tk, Hq, Hkv, D, Dv=None, dtype=torch.float32):
+    Dv = D if Dv is None else Dv
+    return (torch.randn(B, Tq, Hq, D, dtype=dtype), torch.randn(B, Tk, Hkv, D, dtype=dtype),
+            torch.randn(B, Tk, Hkv, Dv, dtype=dtype))
+
+
+def _varlen(lens_q, lens_k, Hq=4, Hkv=2, D=16):
+    return (torch.randn(sum(lens_q), Hq, D), torch.randn(sum(lens_k), Hkv, D),
+            torch.randn(sum(lens_k), Hkv, D)), dict(cu_seqlens_q=cu_seqlens(lens_q),
+                                                    cu_seqlens_k=cu_seqlens(lens_k))
+
+
+def _huge_window(wl, wr, causal=False):
+    q, k, v = _dense(2, 7, 9, 4, 2, 16)
+    res = error_or_correct(q, k, v, causal=causal, window_left=wl, window_right=wr,
+                           backward=True)
+    if res is not None:   # a huge window is the same as an unbounded one
+        ref = attn_ops.attention(q, k, v, causal=causal, window_left=-1,
+                                 window_right=-1 if not causal else 0)
+        torch.testing.assert_close(res[0], ref[0], rtol=1e-6, atol=1e-6)
+
+
+def _varlen_case(lens_q, lens_k, **kw):
+    (q, k, v), cu = _varlen(lens_q, lens_k)
+    error_or_correct(q, k, v, backward=True, **cu, **kw)
+
+
+def _noncontiguous_cu():
+    (q, k, v), _ = _varlen([3, 4], [5, 2])
+    cq = torch.tensor([0, 99, 3, 99, 7], dtype=torch.int32)[::2]
+    ck = torch.tensor([0, 99, 5, 99, 7], dtype=torch.int32)[::2]
+    error_or_correct(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=True)
+
+
+def _softcap_nan():
+    q, k, v = _dense(1, 4, 4, 2, 1, 8)
+    with pytest.raises(RuntimeError):   # NaN is not >= 0; it must not produce NaN outputs
+        attn_ops.attention(q, k, v, softcap=float("nan"))
+
+
+def _stride0_everywhere():
+    q = torch.randn(1, 1, 1, 32).expand(2, 9, 4, 32)
+    k = torch.randn(1, 1, 1, 32).expand(2, 11, 2, 32)
+    v = torch.randn(1, 1, 1, 32).expand(2, 11, 2, 32)
+    error_or_correct(q, k, v, causal=True, backward=True)
+
+
+def _backward_empty(shape_q, shape_k):
+    q, k, v = torch.randn(shape_q), torch.randn(shape_k), torch.randn(shape_k)
+    error_or_correct(q, k, v, backward=True, causal=True)
+
+
+NASTY = {
+    "batch0": lambda: error_or_correct(*_dense(0, 5, 7, 4, 2, 16), backward=True),
+    "tq0_tk0": lambda: error_or_correct(*_dense(2, 0, 0, 4, 2, 16), backward=True),
+    "tq0": lambda: _backward_empty((2, 0, 4, 16), (2, 9, 2, 16)),
+    "tk0": lambda: _backward_empty((2, 5, 4, 16), (2, 0, 2, 16)),
+    "all_dims_zero": lambda: error_or_correct(*_dense(0, 0, 0, 0, 0, 0)),
+    "heads0": lambda: error_or_correct(*_dense(2, 5, 7, 0, 2, 16)),
+    "head_dim0": lambda: error_or_correct(*_dense(2, 5, 7, 4, 2, 0)),
+    "head_dim_1000": lambda: error_or_correct(*_dense(1, 3, 5, 2, 1, 1000), backward=True),
+    "heads_64": lambda: error_or_correct(*_dense(1, 1, 3, 64, 64, 8), backward=True),
+    "tq1000_tk1_causal": lambda: error_or_correct(*_dense(1, 1000, 1, 2, 1, 8), causal=True,
+                                                  backward=True),
+    "window_2p62": lambda: _huge_window(2 ** 62, 2 ** 62),
+    "window_int64_max": lambda: _huge_window(2 ** 63 - 1, 2 ** 63 - 1),
+    "window_int32_overflow": lambda: _huge_window(2 ** 31, 2 ** 32 + 1),
+    "window_huge_causal": lambda: _huge_window(2 ** 63 - 1, -1, causal=True),
+    "scale_1e30": lambda: error_or_correct(*_dense(1, 5, 6, 2, 1, 8), scale=1e30),
+    "softcap_tiny": lambda: error_or_correct(*_dense(1, 5, 6, 2, 1, 8), softcap=1e-30),
+    "softcap_nan": _softcap_nan,
+    "stride0_everywhere": _stride0_everywhere,
+    "max_seqlen_negative": lambda: _varlen_case([3, 4], [5, 2], max_seqlen_q=-1,
+                                                max_seqlen_k=-5),
+    "max_seqlen_negative_empty": lambda: _varlen_case([0, 0], [0, 0], max_seqlen_q=-1,
+                                                      max_seqlen_k=-1),
+    "max_seqlen_zero_empty": lambda: _varlen_case([0, 0], [0, 0], max_seqlen_q=0,
+                                                  max_seqlen_k=0),
+    "max_seqlen_huge": lambda: _varlen_case([3, 4], [5, 2], max_seqlen_q=2 ** 40,
+                                            max_seqlen_k=2 ** 62),
+    "max_seqlen_int64_max": lambda: _varlen_case([3, 4], [5, 2], max_seqlen_q=2 ** 63 - 1,
+                                                 max_seqlen_k=2 ** 63 - 1),
+    "varlen_batch0": lambda: _varlen_case([], []),
+    "varlen_all_empty": lambda: _varlen_case([0, 0, 0], [0, 0, 0], causal=True),
+    "cu_negative": lambda: error_or_correct(
+        *_varlen([3, 4], [5, 2])[0], cu_seqlens_q=torch.tensor([0, -3, 7], dtype=torch.int32),
+        cu_seqlens_k=cu_seqlens([5, 2])),
+    "cu_int32_max": lambda: error_or_correct(
+        *_varlen([3, 4], [5, 2])[0],
+        cu_seqlens_q=torch.tensor([0, 2 ** 31 - 1, 7], dtype=torch.int32),
+        cu_seqlens_k=cu_seqlens([5, 2])),
+    "cu_noncontiguous": _noncontiguous_cu,
+}
+
+_CHILD = r"""
+import sys
+sys.path[:0] = {paths!r}
+import test_attention_errors as t
+for name in {names!r}:
+    print("START " + name, flush=True)
+    try:
+        t.NASTY[name]()
+    except BaseException:
+        pass
+    print("DONE " + name, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def crash_report():
+    """Run every nasty case in child processes; name -> None, or a description of the crash."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [here] + [p for p in sys.path if p != here]
+    report, todo = {}, list(NASTY)
+    for _ in range(len(NASTY)):
+        if not todo:
+            break
+        script = _CHILD.format(paths=paths, names=todo)
+        try:
+            p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               timeout=300, cwd=os.getcwd())
+            stdout, rc = p.stdout, p.returncode
+        except subprocess.TimeoutExpired as e:
+            stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            rc = "timeout (300 s)"
+        done = [ln[5:] for ln in stdout.splitlines() if ln.startswith("DONE ")]
+        started = [ln[6:] for ln in stdout.splitlines() if ln.startswith("START ")]
+        for n in done:
+            report[n] = None
+        if rc == 0 and len(done) == len(todo):
+            break
+        if len(started) > len(done):
+            bad = started[-1]
+            report[bad] = f"child process died while running it (exit status {rc})"
+        else:   # died before starting anything (import error, ...): report for all
+            for n in todo:
+                if n not in report:
+                    report[n] = f"child process failed before running it (exit status {rc})"
+            break
+        todo = [n for n in todo if n not in report]
+    return report
+
+
+@pytest.mark.parametrize("name", list(NASTY))
+def test_nasty_inputs(name, crash_report):
+    crash = crash_report.get(name)
+    if crash is not None:
+        pytest.fail(f"nasty input {name!r} crashed the process: {crash}")
+    NASTY[name]()
