@@ -30,9 +30,11 @@ of that over dq, dk, dv (fwdbwd).
 
 The full default sweep (the issue's: fwd and fwdbwd, float32 and bfloat16, B in {1, 4},
 T in {512, 2048, 4096}, Hq 32, Hkv in {32, 8, 1}, D 128, causal) is dominated by the largest
-cases; on a 2-core CPU it takes much longer than 20 minutes even with one sample per huge case
-(SDPA's own bfloat16 backward runs at ~10 GFLOP/s there). Use --mode/--dtype/--batch/--seqlen/--hkv
-to split it, and --quick for a smoke test.
+cases. On a 2-core AVX2 CPU it cannot fit in 20 minutes even with one sample per huge case: SDPA's
+own bfloat16 backward runs at only 6-12 GFLOP/s there, ~20 min for its share alone (estimate from
+--quick rates: ~35-40 min in all). Eager bfloat16 (bfloat16 matmul ~1 GFLOP/s on such CPUs) is
+mostly skipped as "slow". Use --mode/--dtype/--batch/--seqlen/--hkv to split it, --quick for a
+smoke test.
 
 Examples:
   python benchmarks/bench_attention.py --quick
