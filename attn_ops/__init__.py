@@ -6,7 +6,25 @@ Importing the package loads the compiled operator library, which registers ``tor
 import torch  # noqa: F401  (the operator library links against torch's libraries)
 
 from . import _C  # noqa: F401  (registers the operators)
-from .ops import attention, attention_backward
+from .ops import (
+    attention,
+    attention_backward,
+    attention_with_kvcache,
+    kv_cache_append,
+    paged_kv_cache_append,
+    rotary_cos_sin,
+    rotary_embedding,
+    rotary_embedding_,
+)
 
-__all__ = ["attention", "attention_backward"]
+__all__ = [
+    "attention",
+    "attention_backward",
+    "attention_with_kvcache",
+    "kv_cache_append",
+    "paged_kv_cache_append",
+    "rotary_cos_sin",
+    "rotary_embedding",
+    "rotary_embedding_",
+]
 __version__ = "0.1.0"

@@ -116,3 +116,106 @@ def attention_backward(
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
     )
+
+
+def kv_cache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: Tensor) -> None:
+    """Write new keys/values into a contiguous KV cache, in place.
+
+    ``k_cache`` ``[B, capacity, Hkv, Dk]``, ``v_cache`` ``[B, capacity, Hkv, Dv]``; ``k`` ``[B, Tnew, Hkv, Dk]``
+    and ``v`` ``[B, Tnew, Hkv, Dv]`` are written at rows ``cache_seqlens[b] .. cache_seqlens[b] + Tnew - 1``
+    (``cache_seqlens``: int32 ``[B]``). ``cache_seqlens`` itself is not changed: advance it after the call.
+    Every check (shapes, dtypes, capacity) runs before anything is written.
+    """
+    torch.ops.attn_ops.kv_cache_append(k_cache, v_cache, k, v, cache_seqlens)
+
+
+def paged_kv_cache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """Write tokens into a paged KV cache, in place (vLLM's layout).
+
+    ``k_cache`` ``[num_blocks, block_size, Hkv, Dk]`` (any block size, 1 included), ``k`` ``[N, Hkv, Dk]``;
+    token ``i`` goes to block ``slot_mapping[i] // block_size``, offset ``slot_mapping[i] % block_size``
+    (int32 or int64; ``-1`` skips the token). The slots of one call should be distinct. Every check runs
+    before anything is written.
+    """
+    torch.ops.attn_ops.paged_kv_cache_append(k_cache, v_cache, k, v, slot_mapping)
+
+
+def attention_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_seqlens: Tensor,
+    *,
+    block_table: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    causal: bool = True,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """Attention of new queries over a KV cache: decode (``Tq = 1``), chunked prefill, speculative verification.
+
+    ``q`` ``[B, Tq, Hq, D]`` holds the last ``Tq`` positions of each row; ``cache_seqlens`` (int32 ``[B]``)
+    counts the keys row ``b`` attends to, its ``Tq`` new ones included (append first, then attend). So query
+    ``i`` of row ``b`` is at position ``cache_seqlens[b] - Tq + i`` and ``causal`` / windows align bottom-right
+    as in :func:`attention`. The cache is contiguous (``k_cache`` ``[B, capacity, Hkv, D]``) or, with
+    ``block_table`` (int32 ``[B, max_blocks_per_seq]``), paged (``k_cache`` ``[num_blocks, block_size, Hkv, D]``;
+    key ``j`` of row ``b`` lives in block ``block_table[b, j // block_size]``). GQA/MQA by head counts, K/V
+    never repeated. Long caches are split across threads and merged by their log-sum-exp.
+
+    Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])``; a row with an empty cache gives zeros and ``-inf``.
+    Not differentiable (inference op).
+    """
+    return torch.ops.attn_ops.attention_with_kvcache(
+        q,
+        k_cache,
+        v_cache,
+        cache_seqlens,
+        block_table=block_table,
+        scale=scale,
+        causal=causal,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=softcap,
+    )
+
+
+def rotary_cos_sin(
+    max_positions: int,
+    rotary_dim: int,
+    theta: float = 10000.0,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: Optional[torch.device] = None,
+) -> Tuple[Tensor, Tensor]:
+    """The cos/sin tables of rotary embeddings: each ``[max_positions, rotary_dim // 2]``.
+
+    Pair ``i`` rotates by ``p * theta ** (-2 i / rotary_dim)`` at position ``p`` (Llama/GPT-NeoX frequencies;
+    the angles are computed in float64 and rounded once to ``dtype``).
+    """
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    inv_freq = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim)
+    angles = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotary_embedding(
+    x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, *, interleaved: bool = False
+) -> Tensor:
+    """Rotary position embedding of ``x`` ``[..., heads, head_dim]``, out of place and differentiable.
+
+    ``positions`` (int32/int64) has ``x``'s leading dims (e.g. ``[B, T]`` for ``x`` ``[B, T, H, D]``);
+    ``cos``/``sin`` are ``[max_positions, rotary_dim // 2]`` tables (see :func:`rotary_cos_sin`), float32 or
+    ``x``'s dtype; the first ``rotary_dim`` features rotate, the rest pass through. ``interleaved=False``
+    pairs ``(x[i], x[i + rotary_dim // 2])`` (HuggingFace ``rotate_half``); ``interleaved=True`` pairs
+    ``(x[2i], x[2i + 1])`` (DeepSeek, GPT-J).
+    """
+    return torch.ops.attn_ops.rotary_embedding(x, cos, sin, positions, interleaved=interleaved)
+
+
+def rotary_embedding_(
+    x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, *, interleaved: bool = False
+) -> None:
+    """In-place :func:`rotary_embedding` (inference: rotate q / k just before they are cached). Not differentiable."""
+    torch.ops.attn_ops.rotary_embedding_(x, cos, sin, positions, interleaved=interleaved)

@@ -32,4 +32,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
                  cu_seqlens_k, max_seqlen_q, max_seqlen_k);
 }
 
+void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& cache_seqlens) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::kv_cache_append", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&)>();
+  op.call(k_cache, v_cache, k, v, cache_seqlens);
+}
+
+void paged_kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& slot_mapping) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::paged_kv_cache_append", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&)>();
+  op.call(k_cache, v_cache, k, v, slot_mapping);
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
+                                                          const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                          const std::optional<at::Tensor>& block_table,
+                                                          std::optional<double> scale, bool causal,
+                                                          int64_t window_left, int64_t window_right, double softcap) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::attention_with_kvcache", "")
+                             .typed<decltype(attention_with_kvcache)>();
+  return op.call(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap);
+}
+
 }  // namespace attn_ops

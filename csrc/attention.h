@@ -53,4 +53,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     std::optional<int64_t> max_seqlen_q = std::nullopt,
     std::optional<int64_t> max_seqlen_k = std::nullopt);
 
+// Writes k [batch, seqlen_new, heads_kv, head_dim] (and v) into the contiguous cache
+// k_cache [batch, capacity, heads_kv, head_dim] at each row's current length cache_seqlens[b] (int32).
+void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& cache_seqlens);
+
+// Writes k [num_tokens, heads_kv, head_dim] (and v) into the paged cache [num_blocks, block_size, heads_kv,
+// head_dim] at slot_mapping[i] (block * block_size + offset; -1 skips the token).
+void paged_kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& slot_mapping);
+
+// Attention of q [batch, seqlen_q, heads_q, head_dim] (the last seqlen_q positions of each row) over the
+// first cache_seqlens[b] keys of a contiguous cache, or of a paged one when block_table is given.
+// -> out [batch, seqlen_q, heads_q, head_dim_v], lse [batch, heads_q, seqlen_q]
+std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
+    const at::Tensor& q,
+    const at::Tensor& k_cache,
+    const at::Tensor& v_cache,
+    const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& block_table = std::nullopt,
+    std::optional<double> scale = std::nullopt,
+    bool causal = true,
+    int64_t window_left = -1,
+    int64_t window_right = -1,
+    double softcap = 0.0);
+
 }  // namespace attn_ops

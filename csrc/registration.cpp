@@ -16,4 +16,26 @@ TORCH_LIBRARY(attn_ops, m) {
       "int window_left=-1, int window_right=-1, float softcap=0.0, "
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
       "int? max_seqlen_q=None, int? max_seqlen_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+
+  // KV-cache writes: in place, every mutated tensor declared, nothing returned. Semantics:
+  // docs/kvcache_api.md.
+  m.def(
+      "kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens) -> ()");
+  m.def(
+      "paged_kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
+      "Tensor slot_mapping) -> ()");
+  // Attention of the last seqlen_q positions of each row over its contiguous or paged KV cache.
+  m.def(
+      "attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, *, "
+      "Tensor? block_table=None, float? scale=None, bool causal=True, int window_left=-1, "
+      "int window_right=-1, float softcap=0.0) -> (Tensor out, Tensor lse)");
+
+  // Rotary position embedding (half-split or interleaved pairs), out of place (differentiable) or in
+  // place. Semantics: docs/rotary_api.md.
+  m.def(
+      "rotary_embedding(Tensor x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=False, "
+      "bool inverse=False) -> Tensor");
+  m.def(
+      "rotary_embedding_(Tensor(a!) x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=False, "
+      "bool inverse=False) -> ()");
 }

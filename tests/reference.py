@@ -199,6 +199,20 @@ def cu_seqlens(lengths, device="cpu"):
     return torch.tensor(c, dtype=torch.int32, device=device)
 
 
+def dense_inputs(B, Tq, Tk, Hq, Hkv, Dqk, Dv, dtype, device, layouts=("contiguous",) * 3):
+    q = make_bshd(B, Tq, Hq, Dqk, dtype=dtype, device=device, layout=layouts[0])
+    k = make_bshd(B, Tk, Hkv, Dqk, dtype=dtype, device=device, layout=layouts[1])
+    v = make_bshd(B, Tk, Hkv, Dv, dtype=dtype, device=device, layout=layouts[2])
+    return q, k, v
+
+
+def varlen_inputs(lens_q, lens_k, Hq, Hkv, Dqk, Dv, dtype, device, layout="contiguous"):
+    q = make_thd(sum(lens_q), Hq, Dqk, dtype=dtype, device=device, layout=layout)
+    k = make_thd(sum(lens_k), Hkv, Dqk, dtype=dtype, device=device, layout=layout)
+    v = make_thd(sum(lens_k), Hkv, Dv, dtype=dtype, device=device, layout=layout)
+    return q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+
+
 def ref_kwargs(kw):
     """The op's keyword arguments that the reference takes (max_seqlen_* dropped)."""
     return {k: v for k, v in kw.items() if k not in ("max_seqlen_q", "max_seqlen_k")}

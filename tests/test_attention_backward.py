@@ -12,8 +12,8 @@ import torch
 from torch.autograd import gradcheck
 
 import attn_ops
-from reference import (assert_close_to_ref, attention_ref, cu_seqlens, make_bshd, make_thd,
-                       ref_kwargs, visible_mask)
+from reference import (assert_close_to_ref, attention_ref, dense_inputs, ref_kwargs, varlen_inputs,
+                       visible_mask)
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 F32_BF16 = [torch.float32, torch.bfloat16]
@@ -27,18 +27,6 @@ def lse_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def dense_inputs(B, Tq, Tk, Hq, Hkv, Dqk, Dv, dtype, device, layouts=("contiguous",) * 3):
-    q = make_bshd(B, Tq, Hq, Dqk, dtype=dtype, device=device, layout=layouts[0])
-    k = make_bshd(B, Tk, Hkv, Dqk, dtype=dtype, device=device, layout=layouts[1])
-    v = make_bshd(B, Tk, Hkv, Dv, dtype=dtype, device=device, layout=layouts[2])
-    return q, k, v
-
-
-def varlen_inputs(lens_q, lens_k, Hq, Hkv, Dqk, Dv, dtype, device, layout="contiguous"):
-    q = make_thd(sum(lens_q), Hq, Dqk, dtype=dtype, device=device, layout=layout)
-    k = make_thd(sum(lens_k), Hkv, Dqk, dtype=dtype, device=device, layout=layout)
-    v = make_thd(sum(lens_k), Hkv, Dv, dtype=dtype, device=device, layout=layout)
-    return q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
 
 
 def leaf(t, dtype=None):

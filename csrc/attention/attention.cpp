@@ -2,7 +2,7 @@
 // and the Meta kernels (shapes only) that fake-tensor tracing and torch.compile use.
 #include "attention/validation.h"
 
-#include "common/format.h"
+#include "common/checks.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -12,41 +12,21 @@
 namespace attn_ops {
 namespace {
 
-bool is_supported_dtype(c10::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
-}
-
 // The rank and the names of the dimensions expected of q, k or v.
-void check_rank(const char* op, const char* name, const at::Tensor& t, bool varlen, const char* dense_dims,
-                const char* varlen_dims) {
+void check_qkv_rank(const char* op, const char* name, const at::Tensor& t, bool varlen, const char* dense_dims,
+                    const char* varlen_dims) {
   if (varlen) {
-    TORCH_CHECK(t.dim() == 3, op, ": ", name, " must be a 3-D tensor ", varlen_dims,
-                " when cu_seqlens_q is given, got a ", t.dim(), "-D tensor of shape ", shape_str(t));
+    check_rank(op, name, t, 3, varlen_dims, " when cu_seqlens_q is given");
   } else {
-    TORCH_CHECK(t.dim() == 4, op, ": ", name, " must be a 4-D tensor ", dense_dims, ", got a ", t.dim(),
-                "-D tensor of shape ", shape_str(t));
+    check_rank(op, name, t, 4, dense_dims);
   }
-}
-
-void check_same_dtype_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
-  TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, ": ", name, " must have the same dtype as q (",
-              dtype_name(q.scalar_type()), "), got ", dtype_name(t.scalar_type()));
-  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on the same device as q (", q.device(),
-              "), got ", t.device());
-}
-
-void check_last_dim_contiguous(const char* op, const char* name, const at::Tensor& t) {
-  // A last dim of size 1 may carry any stride; it is still read contiguously.
-  TORCH_CHECK(t.sym_stride(-1) == 1 || t.sym_size(-1) == 1, op, ": ", name,
-              " must have stride 1 in its last dimension, got stride ", t.sym_stride(-1));
 }
 
 void check_cu_seqlens_meta(const char* op, const char* name, const at::Tensor& cu, const at::Tensor& q) {
   TORCH_CHECK(cu.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", dtype_name(cu.scalar_type()));
   TORCH_CHECK(cu.dim() == 1 && cu.sym_size(0) >= 1, op, ": ", name,
               " must be a 1-D tensor of length batch + 1 >= 1, got shape ", shape_str(cu));
-  TORCH_CHECK(cu.device() == q.device(), op, ": ", name, " must be on the same device as q (", q.device(),
-              "), got ", cu.device());
+  check_same_device(op, name, cu, "q", q);
 }
 
 // Reads cu_seqlens (copying it to the host if needed) and checks its values; returns the longest sequence.
@@ -77,20 +57,34 @@ void check_max_seqlen(const char* op, const char* name, const char* cu_name, std
 
 }  // namespace
 
+void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::SymInt& heads_kv) {
+  TORCH_CHECK(heads_q >= 1 && heads_kv >= 1, op, ": heads_q and heads_kv must be at least 1, got heads_q ", heads_q,
+              ", heads_kv ", heads_kv);
+  TORCH_CHECK(heads_q % heads_kv == 0, op, ": heads_q (", heads_q, ") must be a multiple of heads_kv (", heads_kv,
+              ")");
+}
+
+void check_score_options(const char* op, std::optional<double> scale, int64_t window_left, int64_t window_right,
+                         double softcap) {
+  TORCH_CHECK(window_left >= -1, op, ": window_left must be >= -1 (-1 means unbounded), got ", window_left);
+  TORCH_CHECK(window_right >= -1, op, ": window_right must be >= -1 (-1 means unbounded), got ", window_right);
+  TORCH_CHECK(softcap >= 0.0, op, ": softcap must be >= 0 (0 disables it), got ", softcap);
+  TORCH_CHECK(!scale.has_value() || std::isfinite(*scale), op, ": scale must be finite, got ", scale.value_or(0.0));
+}
+
 AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const AttentionOptions& opts) {
   TORCH_CHECK(opts.cu_seqlens_q.has_value() == opts.cu_seqlens_k.has_value(), op,
               ": cu_seqlens_q and cu_seqlens_k must be given together, got only ",
               opts.cu_seqlens_q.has_value() ? "cu_seqlens_q" : "cu_seqlens_k");
   const bool varlen = opts.varlen();
-  check_rank(op, "q", q, varlen, "[batch, seqlen_q, heads_q, head_dim_qk]", "[total_q, heads_q, head_dim_qk]");
-  check_rank(op, "k", k, varlen, "[batch, seqlen_k, heads_kv, head_dim_qk]", "[total_k, heads_kv, head_dim_qk]");
-  check_rank(op, "v", v, varlen, "[batch, seqlen_k, heads_kv, head_dim_v]", "[total_k, heads_kv, head_dim_v]");
+  check_qkv_rank(op, "q", q, varlen, "[batch, seqlen_q, heads_q, head_dim_qk]", "[total_q, heads_q, head_dim_qk]");
+  check_qkv_rank(op, "k", k, varlen, "[batch, seqlen_k, heads_kv, head_dim_qk]", "[total_k, heads_kv, head_dim_qk]");
+  check_qkv_rank(op, "v", v, varlen, "[batch, seqlen_k, heads_kv, head_dim_v]", "[total_k, heads_kv, head_dim_v]");
 
-  TORCH_CHECK(is_supported_dtype(q.scalar_type()), op, ": q must be float16, bfloat16, float32 or float64, got ",
-              dtype_name(q.scalar_type()));
-  check_same_dtype_device(op, "k", k, q);
-  check_same_dtype_device(op, "v", v, q);
+  check_float_dtype(op, "q", q);
+  check_same_dtype_device(op, "k", k, "q", q);
+  check_same_dtype_device(op, "v", v, "q", q);
   check_last_dim_contiguous(op, "q", q);
   check_last_dim_contiguous(op, "k", k);
   check_last_dim_contiguous(op, "v", v);
@@ -125,20 +119,13 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
   s.head_dim_qk = q.sym_size(hd + 1);
   s.head_dim_v = v.sym_size(hd + 1);
   TORCH_CHECK(v.sym_size(hd) == s.heads_kv, op, ": v must have heads_kv ", s.heads_kv, " (as k), got ", v.sym_size(hd));
-  TORCH_CHECK(s.heads_q >= 1 && s.heads_kv >= 1, op, ": heads_q and heads_kv must be at least 1, got heads_q ",
-              s.heads_q, ", heads_kv ", s.heads_kv);
-  TORCH_CHECK(s.heads_q % s.heads_kv == 0, op, ": heads_q (", s.heads_q, ") must be a multiple of heads_kv (",
-              s.heads_kv, ")");
+  check_head_counts(op, s.heads_q, s.heads_kv);
   TORCH_CHECK(k.sym_size(hd + 1) == s.head_dim_qk, op, ": k must have head_dim_qk ", s.head_dim_qk, " (as q), got ",
               k.sym_size(hd + 1));
   TORCH_CHECK(s.head_dim_qk >= 1 && s.head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
               s.head_dim_qk, " and ", s.head_dim_v);
 
-  TORCH_CHECK(opts.window_left >= -1, op, ": window_left must be >= -1 (-1 means unbounded), got ", opts.window_left);
-  TORCH_CHECK(opts.window_right >= -1, op, ": window_right must be >= -1 (-1 means unbounded), got ",
-              opts.window_right);
-  TORCH_CHECK(opts.softcap >= 0.0, op, ": softcap must be >= 0 (0 disables it), got ", opts.softcap);
-  TORCH_CHECK(!opts.scale.has_value() || std::isfinite(*opts.scale), op, ": scale must be finite, got ", *opts.scale);
+  check_score_options(op, opts.scale, opts.window_left, opts.window_right, opts.softcap);
   TORCH_CHECK(!opts.max_seqlen_q.has_value() || *opts.max_seqlen_q >= 0, op, ": max_seqlen_q must be >= 0, got ",
               opts.max_seqlen_q.value_or(0));
   TORCH_CHECK(!opts.max_seqlen_k.has_value() || *opts.max_seqlen_k >= 0, op, ": max_seqlen_k must be >= 0, got ",
@@ -167,18 +154,14 @@ void check_attention_backward_inputs(const char* op, const AttentionShape& shape
   TORCH_CHECK(dout.sym_sizes() == out.sym_sizes(), op, ": dout must have shape ", shape_str(out_shape),
               " (as out), got ", shape_str(dout));
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dout", dout}, {"out", out}}) {
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, ": ", name, " must have the same dtype as q (",
-                dtype_name(q.scalar_type()), "), got ", dtype_name(t.scalar_type()));
-    TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on the same device as q (", q.device(), "), got ",
-                t.device());
+    check_same_dtype_device(op, name, t, "q", q);
     check_last_dim_contiguous(op, name, t);
   }
   auto check_lse_like = [&](const char* name, const at::Tensor& t) {
     TORCH_CHECK(t.sym_sizes() == c10::SymIntArrayRef(lse_shape) && t.scalar_type() == lse_dtype, op, ": ", name,
                 " must have shape ", shape_str(lse_shape), " and dtype ", dtype_name(lse_dtype), ", got shape ",
                 shape_str(t), " and dtype ", dtype_name(t.scalar_type()));
-    TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on the same device as q (", q.device(), "), got ",
-                t.device());
+    check_same_device(op, name, t, "q", q);
   };
   check_lse_like("lse", lse);
   if (dlse.has_value()) {

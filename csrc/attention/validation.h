@@ -52,6 +52,11 @@ AttentionShape check_attention_inputs(
     const at::Tensor& v,
     const AttentionOptions& opts);
 
+// Shared by every attention-like op: head counts (heads_q a multiple of heads_kv >= 1) and the score options.
+void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::SymInt& heads_kv);
+void check_score_options(const char* op, std::optional<double> scale, int64_t window_left, int64_t window_right,
+                         double softcap);
+
 // The extra checks of attention_backward (dout, out, lse, dlse against the forward shape).
 void check_attention_backward_inputs(
     const char* op,
@@ -70,5 +75,20 @@ std::vector<c10::SymInt> attention_lse_shape(const AttentionShape& shape);
 c10::ScalarType attention_lse_dtype(c10::ScalarType input_dtype);
 
 double attention_scale(const AttentionShape& shape, const AttentionOptions& opts);
+
+// attention_with_kvcache: q [B, Tq, Hq, D] over a contiguous cache [B, capacity, Hkv, D] or, with
+// block_table [B, max_blocks_per_seq], a paged one [num_blocks, block_size, Hkv, D].
+struct KvCacheAttentionShape {
+  bool paged = false;
+  c10::SymInt batch, seqlen_q, heads_q, heads_kv, head_dim, head_dim_v;
+  c10::SymInt capacity;  // keys one row can hold: cache dim 1, or max_blocks_per_seq * block_size
+};
+
+// Checks the inputs of attention_with_kvcache (values of cache_seqlens / block_table when they hold data).
+KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
+                                                          const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                          const std::optional<at::Tensor>& block_table,
+                                                          std::optional<double> scale, int64_t window_left,
+                                                          int64_t window_right, double softcap);
 
 }  // namespace attn_ops

@@ -49,10 +49,7 @@ void attention_backward_kernel(const AttentionProblem& p, const scalar_t* dout, 
   const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
 
   // The sequence and position of every packed query token.
-  std::vector<int64_t> token_batch(p.total_q);
-  for (int64_t b = 0; b < p.batch; ++b) {
-    std::fill_n(token_batch.begin() + p.token_q[b], p.len_q[b], b);
-  }
+  const std::vector<int64_t> token_batch = p.token_batches();
   auto for_each_query_row = [&](const auto& fn) {  // fn(b, position, head, packed row index)
     at::parallel_for(0, p.total_q, 16, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {

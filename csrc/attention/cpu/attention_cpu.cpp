@@ -8,6 +8,8 @@
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
+#include <cmath>
+
 namespace attn_ops::cpu {
 
 AttentionProblem make_problem(const AttentionShape& shape, const AttentionOptions& opts) {
@@ -39,11 +41,7 @@ AttentionProblem make_problem(const AttentionShape& shape, const AttentionOption
     }
   }
   p.total_q = shape.varlen ? shape.seqlen_q.expect_int() : p.batch * shape.seqlen_q.expect_int();
-  // Windows wider than every sequence are unbounded; clamping keeps the index arithmetic far from overflow.
-  const int64_t longest = std::max(shape.seqlen_q.expect_int(), shape.seqlen_k.expect_int());
-  auto clamp_window = [&](int64_t w) { return w > longest ? -1 : w; };
-  p.window_left = clamp_window(opts.window_left);
-  p.window_right = clamp_window(opts.effective_window_right());
+  p.set_windows(opts.window_left, opts.effective_window_right());
   return p;
 }
 
@@ -107,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
     using acc_t = acc_type<scalar_t>;
     attention_forward_kernel<scalar_t, acc_t>(
         p, q.const_data_ptr<scalar_t>(), layouts.tokens(q, p, false), k.const_data_ptr<scalar_t>(),
-        layouts.tokens(k, p, true), v.const_data_ptr<scalar_t>(), layouts.tokens(v, p, true),
+        KeyLayout{layouts.tokens(k, p, true)}, v.const_data_ptr<scalar_t>(), KeyLayout{layouts.tokens(v, p, true)},
         out.mutable_data_ptr<scalar_t>(), layouts.tokens(out, p, false), lse.mutable_data_ptr<acc_t>(),
         layouts.lse(lse, p));
   });
@@ -147,11 +145,81 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   return {dq, dk, dv};
 }
 
+// Layout of a KV cache: [batch, capacity, heads, dim] rows, or [num_blocks, block_size, heads, dim] blocks
+// addressed through the block table.
+KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor* block_table, int64_t batch) {
+  KeyLayout l;
+  l.rows.seq_stride = cache.stride(1);
+  l.rows.head_stride = cache.stride(2);
+  if (block_table != nullptr) {
+    l.block_table = block_table->const_data_ptr<int32_t>();
+    l.block_table_stride = block_table->stride(0);
+    l.block_size = cache.size(1);
+    l.block_stride = cache.stride(0);
+  } else {
+    l.rows.base.resize(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      l.rows.base[b] = b * cache.stride(0);
+    }
+  }
+  return l;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_cpu(const at::Tensor& q, const at::Tensor& k_cache,
+                                                              const at::Tensor& v_cache,
+                                                              const at::Tensor& cache_seqlens,
+                                                              const std::optional<at::Tensor>& block_table,
+                                                              std::optional<double> scale, bool causal,
+                                                              int64_t window_left, int64_t window_right,
+                                                              double softcap) {
+  check_attention_with_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, window_left, window_right,
+                                      softcap);
+  const int64_t batch = q.size(0), seqlen_q = q.size(1);
+  at::Tensor out = at::empty({batch, seqlen_q, q.size(2), v_cache.size(3)}, q.options());
+  at::Tensor lse = at::empty({batch, q.size(2), seqlen_q}, q.options().dtype(attention_lse_dtype(q.scalar_type())));
+
+  // The queries are the last seqlen_q of each row's cache_seqlens[b] keys.
+  AttentionProblem p;
+  p.batch = batch;
+  p.heads_q = q.size(2);
+  p.heads_kv = k_cache.size(2);
+  p.group = p.heads_q / p.heads_kv;
+  p.dim_qk = q.size(3);
+  p.dim_v = v_cache.size(3);
+  p.scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(p.dim_qk)));
+  p.softcap = softcap;
+  p.total_q = batch * seqlen_q;
+  const at::Tensor lens = cache_seqlens.contiguous();
+  for (int64_t b = 0; b < batch; ++b) {
+    p.len_q.push_back(seqlen_q);
+    p.len_k.push_back(lens.const_data_ptr<int32_t>()[b]);
+    p.token_q.push_back(b * seqlen_q);
+  }
+  p.set_windows(window_left, causal ? 0 : window_right);
+
+  const at::Tensor table = block_table.has_value() ? block_table->contiguous() : at::Tensor();
+  const at::Tensor* table_ptr = block_table.has_value() ? &table : nullptr;
+  const std::vector<int64_t> no_starts;
+  auto dense = [&](const at::Tensor& t, int64_t seq_dim, int64_t head_dim) {
+    return layout_of(t, p, no_starts, false, seq_dim, head_dim);
+  };
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
+    using acc_t = acc_type<scalar_t>;
+    attention_forward_kernel<scalar_t, acc_t>(
+        p, q.const_data_ptr<scalar_t>(), dense(q, 1, 2), k_cache.const_data_ptr<scalar_t>(),
+        cache_layout(k_cache, table_ptr, batch), v_cache.const_data_ptr<scalar_t>(),
+        cache_layout(v_cache, table_ptr, batch), out.mutable_data_ptr<scalar_t>(), dense(out, 1, 2),
+        lse.mutable_data_ptr<acc_t>(), dense(lse, 2, 1));
+  });
+  return {out, lse};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
   m.impl("attention", &attention_cpu);
   m.impl("attention_backward", &attention_backward_cpu);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_cpu);
 }
 
 }  // namespace attn_ops::cpu

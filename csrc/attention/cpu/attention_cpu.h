@@ -20,6 +20,26 @@ struct SeqLayout {
   int64_t at(int64_t b, int64_t i, int64_t h) const { return base[b] + i * seq_stride + h * head_stride; }
 };
 
+// Addressing of keys or values: strided rows (as SeqLayout), or rows spread over fixed-size blocks of a
+// paged cache ([num_blocks, block_size, heads, dim]) through a block table.
+struct KeyLayout {
+  SeqLayout rows;                        // strides within a sequence (or a block); `base` unused when paged
+  const int32_t* block_table = nullptr;  // [batch, max_blocks_per_seq] when paged
+  int64_t block_table_stride = 0;
+  int64_t block_size = 0;
+  int64_t block_stride = 0;
+
+  int64_t at(int64_t b, int64_t j, int64_t h) const {
+    if (block_table == nullptr) {
+      return rows.at(b, j, h);
+    }
+    const int64_t block = block_table[b * block_table_stride + j / block_size];
+    return block * block_stride + (j % block_size) * rows.seq_stride + h * rows.head_stride;
+  }
+  // Whether keys j .. j + n - 1 are equally spaced (rows.seq_stride apart), i.e. within one block.
+  bool uniform(int64_t j, int64_t n) const { return block_table == nullptr || j % block_size + n <= block_size; }
+};
+
 struct AttentionProblem {
   int64_t batch = 0, heads_q = 0, heads_kv = 0, group = 0, dim_qk = 0, dim_v = 0;
   double scale = 1.0, softcap = 0.0;
@@ -28,6 +48,24 @@ struct AttentionProblem {
   std::vector<int64_t> token_q;                 // [batch]: index of the sequence's first query token
   int64_t total_q = 0;                          // query tokens over all sequences
 
+  // Sets the windows (-1: unbounded); windows longer than every sequence become unbounded, which keeps
+  // the index arithmetic below far from overflow.
+  void set_windows(int64_t left, int64_t right) {
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      longest = std::max({longest, len_q[b], len_k[b]});
+    }
+    window_left = left > longest ? -1 : left;
+    window_right = right > longest ? -1 : right;
+  }
+  // The sequence of every packed query token: [total_q].
+  std::vector<int64_t> token_batches() const {
+    std::vector<int64_t> out(total_q);
+    for (int64_t b = 0; b < batch; ++b) {
+      std::fill_n(out.begin() + token_q[b], len_q[b], b);
+    }
+    return out;
+  }
   // The keys query i of sequence b sees: [key_lo, key_hi], empty when key_lo > key_hi.
   int64_t key_lo(int64_t b, int64_t i) const {
     return window_left < 0 ? 0 : std::max<int64_t>(0, i + len_k[b] - len_q[b] - window_left);
@@ -52,11 +90,12 @@ AttentionProblem make_problem(const AttentionShape& shape, const AttentionOption
 
 
 
+// Forward of attention (and of attention over a KV cache, whose keys come through a paged KeyLayout).
 template <typename scalar_t, typename acc_t>
 void attention_forward_kernel(const AttentionProblem& p,
                               const scalar_t* q, const SeqLayout& q_layout,  // [b, Tq, Hq, Dqk]
-                              const scalar_t* k, const SeqLayout& k_layout,  // [b, Tk, Hkv, Dqk]
-                              const scalar_t* v, const SeqLayout& v_layout,  // [b, Tk, Hkv, Dv]
+                              const scalar_t* k, const KeyLayout& k_layout,  // [b, Tk, Hkv, Dqk]
+                              const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
                               scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
                               acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
 

@@ -1,9 +1,13 @@
 // CPU forward of attention: flash-style tiling with an online softmax.
 //
-// One work item is (sequence, KV head, block of query positions). The query rows of all heads of the
-// KV group are packed into one [rows, Dqk] tile, so each K/V tile is loaded once for the whole group
-// and the two products per tile (Q K^T and P V) are single GEMMs. Scores live in a [rows, key_tile]
-// buffer; nothing of size [Tq, Tk] is ever materialized.
+// One work item is (sequence, KV head, block of query positions, key split). The query rows of all heads
+// of the KV group are packed into one [rows, Dqk] tile, so each K/V tile is loaded once for the whole
+// group and the two products per tile (Q K^T and P V) are single GEMMs. Scores live in a
+// [rows, key_tile] buffer; nothing of size [Tq, Tk] is ever materialized.
+//
+// When there are fewer (sequence, KV head, query block) items than twice the threads (decode: one query
+// per sequence; long single sequences), each item's key range is cut into splits that run in parallel,
+// and their partial results are merged by their log-sum-exp (flash-decoding).
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/blas.h"
 #include "attention/cpu/parallel.h"
@@ -34,14 +38,28 @@ struct ForwardScratch {
         v(kKeyTile * dv) {}
 };
 
+// A tile of n keys starting at key k0 of sequence b, head h, as a row-major [n, dim] acc_t matrix.
+template <typename scalar_t, typename acc_t>
+const acc_t* key_tile(const scalar_t* base, const KeyLayout& layout, int64_t b, int64_t k0, int64_t n, int64_t h,
+                      int64_t dim, acc_t* buffer, int64_t* ld) {
+  if (layout.uniform(k0, n)) {
+    return load_key_tile(base + layout.at(b, k0, h), layout.rows.seq_stride, n, dim, buffer, ld);
+  }
+  for (int64_t j = 0; j < n; ++j) {  // the tile crosses blocks of a paged cache: gather its rows
+    convert_row(base + layout.at(b, k0 + j, h), buffer + j * dim, dim);
+  }
+  *ld = dim;
+  return buffer;
+}
+
 }  // namespace
 
 template <typename scalar_t, typename acc_t>
 void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
-                              const scalar_t* k, const SeqLayout& k_layout, const scalar_t* v,
-                              const SeqLayout& v_layout, scalar_t* out, const SeqLayout& out_layout, acc_t* lse,
+                              const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v,
+                              const KeyLayout& v_layout, scalar_t* out, const SeqLayout& out_layout, acc_t* lse,
                               const SeqLayout& lse_layout) {
-  const int64_t G = p.group, Dqk = p.dim_qk, Dv = p.dim_v;
+  const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
   const int64_t block_positions = std::max<int64_t>(1, kTargetRows / G);
   const int64_t max_rows = block_positions * G;
 
@@ -53,18 +71,42 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
       }
     }
   }
+  // Keys an item's rows see together: [first, last], empty when first > last.
+  auto key_first = [&](const WorkItem& w) { return p.key_lo(w.batch, w.q_begin); };
+  auto key_last = [&](const WorkItem& w) { return p.key_hi(w.batch, w.q_end - 1); };
+  auto key_tiles = [&](const WorkItem& w) {
+    return std::max<int64_t>(0, (key_last(w) - key_first(w) + kKeyTile) / kKeyTile);
+  };
   // Longest first (most visible keys), so the tail of the schedule holds small items.
-  auto work = [&](const WorkItem& w) { return p.key_hi(w.batch, w.q_end - 1) - p.key_lo(w.batch, w.q_begin); };
-  std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) { return work(a) > work(b); });
+  std::stable_sort(items.begin(), items.end(),
+                   [&](const WorkItem& a, const WorkItem& b) { return key_tiles(a) > key_tiles(b); });
+
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  const int64_t threads = at::get_num_threads();
+  int64_t splits = 1;
+  if (num_items > 0 && num_items < 2 * threads) {
+    splits = std::max<int64_t>(1, std::min((2 * threads + num_items - 1) / num_items, key_tiles(items[0])));
+  }
+  // Partial results of the splits: normalized output and lse per (split, query row); rows are
+  // (token_q[b] + position) * Hq + head.
+  const int64_t rows_total = p.total_q * Hq;
+  std::vector<acc_t> part_out(splits > 1 ? splits * rows_total * Dv : 0);
+  std::vector<acc_t> part_lse(splits > 1 ? splits * rows_total : 0);
 
   const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
   const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
 
   parallel_items(
-      static_cast<int64_t>(items.size()), [&] { return ForwardScratch<acc_t>(max_rows, Dqk, Dv); },
+      num_items * splits, [&] { return ForwardScratch<acc_t>(max_rows, Dqk, Dv); },
       [&](int64_t item_index, ForwardScratch<acc_t>& s) {
-        const WorkItem& w = items[item_index];
+        const WorkItem& w = items[item_index / splits];
+        const int64_t split = item_index % splits;
         const int64_t b = w.batch, g = w.kv_head, positions = w.q_end - w.q_begin, rows = positions * G;
+        // This split's share of the item's key tiles.
+        const int64_t tiles = key_tiles(w), per_split = (tiles + splits - 1) / splits;
+        const int64_t k_begin = key_first(w) + split * per_split * kKeyTile;
+        const int64_t k_end = std::min(key_last(w) + 1, k_begin + per_split * kKeyTile);
+
         // Row r is query position q_begin + r / G of head g * G + r % G.
         for (int64_t r = 0; r < rows; ++r) {
           convert_row(q + q_layout.at(b, w.q_begin + r / G, g * G + r % G), s.q.data() + r * Dqk, Dqk);
@@ -73,12 +115,11 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
         fill_row(s.row_sum.data(), rows, acc_t(0));
         fill_row(s.acc.data(), rows * Dv, acc_t(0));
 
-        const int64_t k_first = p.key_lo(b, w.q_begin), k_last = p.key_hi(b, w.q_end - 1);
-        for (int64_t k0 = k_first; k0 <= k_last; k0 += kKeyTile) {
-          const int64_t n = std::min(kKeyTile, k_last + 1 - k0);
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += kKeyTile) {
+          const int64_t n = std::min(kKeyTile, k_end - k0);
           int64_t ldk = 0, ldv = 0;
-          const acc_t* kt = load_key_tile(k + k_layout.at(b, k0, g), k_layout.seq_stride, n, Dqk, s.k.data(), &ldk);
-          const acc_t* vt = load_key_tile(v + v_layout.at(b, k0, g), v_layout.seq_stride, n, Dv, s.v.data(), &ldv);
+          const acc_t* kt = key_tile(k, k_layout, b, k0, n, g, Dqk, s.k.data(), &ldk);
+          const acc_t* vt = key_tile(v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
           acc_t* scores = s.scores.data();
           // scores[rows, n] = scale * Q K^T
           gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), scores, kKeyTile);
@@ -119,16 +160,54 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
           acc_t* acc_row = s.acc.data() + r * Dv;
           // A row with no visible key has sum 0: output zeros and lse = -inf.
           scale_row(acc_row, Dv, sum > 0 ? acc_t(1) / sum : acc_t(0));
-          convert_row(acc_row, out + out_layout.at(b, pos, h), Dv);
-          lse[lse_layout.at(b, pos, h)] = sum > 0 ? s.row_max[r] + std::log(sum) : neg_inf;
+          const acc_t row_lse = sum > 0 ? s.row_max[r] + std::log(sum) : neg_inf;
+          if (splits == 1) {
+            convert_row(acc_row, out + out_layout.at(b, pos, h), Dv);
+            lse[lse_layout.at(b, pos, h)] = row_lse;
+          } else {
+            const int64_t row = split * rows_total + (p.token_q[b] + pos) * Hq + h;
+            std::copy(acc_row, acc_row + Dv, part_out.data() + row * Dv);
+            part_lse[row] = row_lse;
+          }
         }
       });
+  if (splits == 1) {
+    return;
+  }
+
+  // Merge the splits: lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s.
+  const std::vector<int64_t> token_batch = p.token_batches();
+  at::parallel_for(0, rows_total, 64, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> merged(Dv);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t t = row / Hq, h = row % Hq, b = token_batch[t], pos = t - p.token_q[b];
+      acc_t max_lse = neg_inf;
+      for (int64_t split = 0; split < splits; ++split) {
+        max_lse = std::max(max_lse, part_lse[split * rows_total + row]);
+      }
+      fill_row(merged.data(), Dv, acc_t(0));
+      acc_t total = 0;
+      if (max_lse != neg_inf) {
+        for (int64_t split = 0; split < splits; ++split) {
+          const acc_t weight = std::exp(part_lse[split * rows_total + row] - max_lse);
+          total += weight;
+          const acc_t* part = part_out.data() + (split * rows_total + row) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) {
+            merged[d] += weight * part[d];
+          }
+        }
+        scale_row(merged.data(), Dv, acc_t(1) / total);
+      }
+      convert_row(merged.data(), out + out_layout.at(b, pos, h), Dv);
+      lse[lse_layout.at(b, pos, h)] = max_lse == neg_inf ? neg_inf : max_lse + std::log(total);
+    }
+  });
 }
 
 #define ATTN_OPS_INSTANTIATE_FORWARD(scalar_t)                                                                      \
   template void attention_forward_kernel<scalar_t, acc_type<scalar_t>>(                                             \
-      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const SeqLayout&, const scalar_t*, \
-      const SeqLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
+      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const KeyLayout&, const scalar_t*, \
+      const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
 ATTN_OPS_INSTANTIATE_FORWARD(float)
 ATTN_OPS_INSTANTIATE_FORWARD(double)
 ATTN_OPS_INSTANTIATE_FORWARD(c10::Half)

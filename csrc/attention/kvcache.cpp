@@ -1,0 +1,124 @@
+// Argument checks of attention_with_kvcache, shared by every backend, and its Meta kernel.
+#include "attention/validation.h"
+
+#include "common/checks.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace attn_ops {
+
+KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
+                                                          const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                          const std::optional<at::Tensor>& block_table,
+                                                          std::optional<double> scale, int64_t window_left,
+                                                          int64_t window_right, double softcap) {
+  const char* op = "attn_ops.attention_with_kvcache";
+  const bool paged = block_table.has_value();
+  check_rank(op, "q", q, 4, "[batch, seqlen_q, heads_q, head_dim]");
+  if (paged) {
+    check_rank(op, "k_cache", k_cache, 4, "[num_blocks, block_size, heads_kv, head_dim]", " when block_table is given");
+    check_rank(op, "v_cache", v_cache, 4, "[num_blocks, block_size, heads_kv, head_dim_v]",
+               " when block_table is given");
+  } else {
+    check_rank(op, "k_cache", k_cache, 4, "[batch, capacity, heads_kv, head_dim]");
+    check_rank(op, "v_cache", v_cache, 4, "[batch, capacity, heads_kv, head_dim_v]");
+  }
+  check_float_dtype(op, "q", q);
+  check_same_dtype_device(op, "k_cache", k_cache, "q", q);
+  check_same_dtype_device(op, "v_cache", v_cache, "q", q);
+  check_last_dim_contiguous(op, "q", q);
+  check_last_dim_contiguous(op, "k_cache", k_cache);
+  check_last_dim_contiguous(op, "v_cache", v_cache);
+
+  KvCacheAttentionShape s;
+  s.paged = paged;
+  s.batch = q.sym_size(0);
+  s.seqlen_q = q.sym_size(1);
+  s.heads_q = q.sym_size(2);
+  s.heads_kv = k_cache.sym_size(2);
+  s.head_dim = q.sym_size(3);
+  s.head_dim_v = v_cache.sym_size(3);
+  if (!paged) {
+    TORCH_CHECK(k_cache.sym_size(0) == s.batch, op, ": k_cache must have batch size ", s.batch, " (as q), got ",
+                k_cache.sym_size(0));
+  }
+  const auto& kc = k_cache.sym_sizes();
+  TORCH_CHECK(v_cache.sym_size(0) == kc[0] && v_cache.sym_size(1) == kc[1] && v_cache.sym_size(2) == kc[2], op,
+              ": v_cache must have shape [", kc[0], ", ", kc[1], ", ", kc[2], ", *] (as k_cache), got ",
+              shape_str(v_cache));
+  check_head_counts(op, s.heads_q, s.heads_kv);
+  TORCH_CHECK(k_cache.sym_size(3) == s.head_dim, op, ": k_cache must have head_dim ", s.head_dim, " (as q), got ",
+              k_cache.sym_size(3));
+  TORCH_CHECK(s.head_dim >= 1 && s.head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
+              s.head_dim, " and ", s.head_dim_v);
+  check_score_options(op, scale, window_left, window_right, softcap);
+
+  check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
+                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == s.batch, shape_str({s.batch}));
+  check_same_device(op, "cache_seqlens", cache_seqlens, "q", q);
+  if (paged) {
+    const at::Tensor& table = *block_table;
+    check_index_tensor(op, "block_table", table, /*allow_int64=*/false,
+                       table.dim() == 2 && table.sym_size(0) == s.batch,
+                       c10::str("[", s.batch, ", max_blocks_per_seq]"));
+    check_same_device(op, "block_table", table, "q", q);
+    s.capacity = table.sym_size(1) * k_cache.sym_size(1);
+  } else {
+    s.capacity = k_cache.sym_size(1);
+  }
+
+  if (cache_seqlens.device().type() != c10::DeviceType::Meta) {
+    const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
+    const int32_t* len = lens.const_data_ptr<int32_t>();
+    const int64_t capacity = s.capacity.expect_int();
+    at::Tensor table;
+    int64_t block_size = 0, num_blocks = 0;
+    if (paged) {
+      table = block_table->to(at::kCPU).contiguous();
+      block_size = k_cache.size(1);
+      num_blocks = k_cache.size(0);
+    }
+    for (int64_t b = 0; b < lens.numel(); ++b) {
+      TORCH_CHECK(len[b] >= 0, op, ": cache_seqlens[", b, "] = ", len[b], " must be >= 0");
+      if (paged) {
+        TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
+                    capacity, " (max_blocks_per_seq ", table.size(1), " x block_size ", block_size, ")");
+        const int32_t* row = table.const_data_ptr<int32_t>() + b * table.size(1);
+        for (int64_t j = 0; j * block_size < len[b]; ++j) {
+          TORCH_CHECK(row[j] >= 0 && row[j] < num_blocks, op, ": block_table[", b, ", ", j, "] = ", row[j],
+                      " is out of range [0, ", num_blocks, ")");
+        }
+      } else {
+        TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
+                    capacity);
+      }
+    }
+  }
+  return s;
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_meta(const at::Tensor& q, const at::Tensor& k_cache,
+                                                               const at::Tensor& v_cache,
+                                                               const at::Tensor& cache_seqlens,
+                                                               const std::optional<at::Tensor>& block_table,
+                                                               std::optional<double> scale, bool causal,
+                                                               int64_t window_left, int64_t window_right,
+                                                               double softcap) {
+  const KvCacheAttentionShape s = check_attention_with_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table,
+                                                                      scale, window_left, window_right, softcap);
+  at::Tensor out = at::empty_symint({s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, q.options());
+  at::Tensor lse = at::empty_symint({s.batch, s.heads_q, s.seqlen_q},
+                                    q.options().dtype(attention_lse_dtype(q.scalar_type())));
+  return {out, lse};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
+  m.impl("attention_with_kvcache", &attention_with_kvcache_meta);
+}
+
+}  // namespace attn_ops

@@ -1,0 +1,118 @@
+// Argument checks of kv_cache_append / paged_kv_cache_append and their Meta kernels (checks only: the ops
+// return nothing).
+#include "cache/validation.h"
+
+#include "common/checks.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace attn_ops {
+namespace {
+
+// Values of index tensors can be read only from tensors that hold data (not meta / fake ones).
+bool has_data(const at::Tensor& t) {
+  return t.device().type() != c10::DeviceType::Meta;
+}
+
+// dtype, device and last-dim stride of a cache write's four tensors.
+void check_cache_tensors(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                         const at::Tensor& v) {
+  check_float_dtype(op, "k_cache", k_cache);
+  check_same_dtype_device(op, "v_cache", v_cache, "k_cache", k_cache);
+  check_same_dtype_device(op, "k", k, "k_cache", k_cache);
+  check_same_dtype_device(op, "v", v, "k_cache", k_cache);
+  check_last_dim_contiguous(op, "k_cache", k_cache);
+  check_last_dim_contiguous(op, "v_cache", v_cache);
+  check_last_dim_contiguous(op, "k", k);
+  check_last_dim_contiguous(op, "v", v);
+}
+
+}  // namespace
+
+void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& cache_seqlens) {
+  const char* op = "attn_ops.kv_cache_append";
+  check_rank(op, "k_cache", k_cache, 4, "[batch, capacity, heads_kv, head_dim]");
+  check_rank(op, "v_cache", v_cache, 4, "[batch, capacity, heads_kv, head_dim_v]");
+  check_rank(op, "k", k, 4, "[batch, seqlen_new, heads_kv, head_dim]");
+  check_rank(op, "v", v, 4, "[batch, seqlen_new, heads_kv, head_dim_v]");
+  check_cache_tensors(op, k_cache, v_cache, k, v);
+  const auto& kc = k_cache.sym_sizes();
+  TORCH_CHECK(v_cache.sym_size(0) == kc[0] && v_cache.sym_size(1) == kc[1] && v_cache.sym_size(2) == kc[2], op,
+              ": v_cache must have shape [", kc[0], ", ", kc[1], ", ", kc[2],
+              ", *] (batch, capacity, heads_kv of k_cache), got ", shape_str(v_cache));
+  TORCH_CHECK(k.sym_size(0) == kc[0] && k.sym_size(2) == kc[2] && k.sym_size(3) == kc[3], op, ": k must have shape [",
+              kc[0], ", *, ", kc[2], ", ", kc[3], "] (batch, heads_kv, head_dim of k_cache), got ", shape_str(k));
+  TORCH_CHECK(v.sym_size(0) == k.sym_size(0) && v.sym_size(1) == k.sym_size(1) && v.sym_size(2) == k.sym_size(2) &&
+                  v.sym_size(3) == v_cache.sym_size(3),
+              op, ": v must have shape [", k.sym_size(0), ", ", k.sym_size(1), ", ", k.sym_size(2), ", ",
+              v_cache.sym_size(3), "] (batch, seqlen_new, heads_kv of k and head_dim_v of v_cache), got ",
+              shape_str(v));
+  check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
+                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == kc[0], shape_str({kc[0]}));
+  check_same_device(op, "cache_seqlens", cache_seqlens, "k_cache", k_cache);
+  if (has_data(cache_seqlens)) {
+    const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
+    const int32_t* l = lens.const_data_ptr<int32_t>();
+    const int64_t capacity = k_cache.size(1), added = k.size(1);
+    for (int64_t b = 0; b < lens.numel(); ++b) {
+      TORCH_CHECK(l[b] >= 0, op, ": cache_seqlens[", b, "] = ", l[b], " must be >= 0");
+      TORCH_CHECK(l[b] + added <= capacity, op, ": cache_seqlens[", b, "] = ", l[b], " plus ", added,
+                  " new tokens exceeds the cache capacity ", capacity);
+    }
+  }
+}
+
+void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& slot_mapping) {
+  const char* op = "attn_ops.paged_kv_cache_append";
+  check_rank(op, "k_cache", k_cache, 4, "[num_blocks, block_size, heads_kv, head_dim]");
+  check_rank(op, "v_cache", v_cache, 4, "[num_blocks, block_size, heads_kv, head_dim_v]");
+  check_rank(op, "k", k, 3, "[num_tokens, heads_kv, head_dim]");
+  check_rank(op, "v", v, 3, "[num_tokens, heads_kv, head_dim_v]");
+  check_cache_tensors(op, k_cache, v_cache, k, v);
+  const auto& kc = k_cache.sym_sizes();
+  TORCH_CHECK(v_cache.sym_size(0) == kc[0] && v_cache.sym_size(1) == kc[1] && v_cache.sym_size(2) == kc[2], op,
+              ": v_cache must have shape [", kc[0], ", ", kc[1], ", ", kc[2],
+              ", *] (num_blocks, block_size, heads_kv of k_cache), got ", shape_str(v_cache));
+  TORCH_CHECK(k.sym_size(1) == kc[2] && k.sym_size(2) == kc[3], op, ": k must have shape [*, ", kc[2], ", ", kc[3],
+              "] (heads_kv, head_dim of k_cache), got ", shape_str(k));
+  TORCH_CHECK(v.sym_size(0) == k.sym_size(0) && v.sym_size(1) == k.sym_size(1) && v.sym_size(2) == v_cache.sym_size(3),
+              op, ": v must have shape [", k.sym_size(0), ", ", k.sym_size(1), ", ", v_cache.sym_size(3),
+              "] (num_tokens, heads_kv of k and head_dim_v of v_cache), got ", shape_str(v));
+  check_index_tensor(op, "slot_mapping", slot_mapping, /*allow_int64=*/true,
+                     slot_mapping.dim() == 1 && slot_mapping.sym_size(0) == k.sym_size(0), shape_str({k.sym_size(0)}));
+  check_same_device(op, "slot_mapping", slot_mapping, "k_cache", k_cache);
+  if (has_data(slot_mapping)) {
+    const at::Tensor slots = slot_mapping.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* s = slots.const_data_ptr<int64_t>();
+    const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+    for (int64_t i = 0; i < slots.numel(); ++i) {
+      TORCH_CHECK(s[i] >= -1 && s[i] < num_slots, op, ": slot_mapping[", i, "] = ", s[i],
+                  " is out of range: the cache has ", num_slots, " slots (num_blocks ", k_cache.size(0),
+                  " x block_size ", k_cache.size(1), "); -1 skips a token");
+    }
+  }
+}
+
+namespace {
+
+void kv_cache_append_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& cache_seqlens) {
+  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens);
+}
+
+void paged_kv_cache_append_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                                const at::Tensor& v, const at::Tensor& slot_mapping) {
+  check_paged_kv_cache_append_inputs(k_cache, v_cache, k, v, slot_mapping);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
+  m.impl("kv_cache_append", &kv_cache_append_meta);
+  m.impl("paged_kv_cache_append", &paged_kv_cache_append_meta);
+}
+
+}  // namespace attn_ops

@@ -1,0 +1,19 @@
+// Argument checks of the KV-cache write ops, shared by every backend (CPU, CUDA, Meta). Everything is
+// checked before anything is written: a rejected append leaves the cache untouched.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace attn_ops {
+
+// kv_cache_append: k_cache [B, capacity, Hkv, Dk], v_cache [B, capacity, Hkv, Dv], k [B, Tnew, Hkv, Dk],
+// v [B, Tnew, Hkv, Dv], cache_seqlens int32 [B] (its values are checked when the tensors hold data).
+void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& cache_seqlens);
+
+// paged_kv_cache_append: k_cache [num_blocks, block_size, Hkv, Dk], v_cache [.., Dv], k [N, Hkv, Dk],
+// v [N, Hkv, Dv], slot_mapping int32/int64 [N] with values in [-1, num_blocks * block_size).
+void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& slot_mapping);
+
+}  // namespace attn_ops

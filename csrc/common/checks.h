@@ -1,0 +1,60 @@
+// Argument checks that every op family shares, each throwing a message that names the op, the argument,
+// what was expected and what came.
+#pragma once
+
+#include "common/format.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+namespace attn_ops {
+
+inline bool is_float_dtype(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+inline void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(is_float_dtype(t.scalar_type()), op, ": ", name, " must be float16, bfloat16, float32 or float64, got ",
+              dtype_name(t.scalar_type()));
+}
+
+// `t` has the dtype and device of `ref` (named `ref_name`).
+inline void check_same_dtype_device(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                                    const at::Tensor& ref) {
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " must have the same dtype as ", ref_name, " (",
+              dtype_name(ref.scalar_type()), "), got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " must be on the same device as ", ref_name, " (",
+              ref.device(), "), got ", t.device());
+}
+
+inline void check_same_device(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                              const at::Tensor& ref) {
+  TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " must be on the same device as ", ref_name, " (",
+              ref.device(), "), got ", t.device());
+}
+
+inline void check_last_dim_contiguous(const char* op, const char* name, const at::Tensor& t) {
+  // A last dim of size 1 may carry any stride; it is still read contiguously.
+  TORCH_CHECK(t.sym_stride(-1) == 1 || t.sym_size(-1) == 1, op, ": ", name,
+              " must have stride 1 in its last dimension, got stride ", t.sym_stride(-1));
+}
+
+// `t` has `dim` dimensions, described by `dims` ("[batch, seqlen, heads, head_dim]"); `when` is appended to
+// the expectation (e.g. " when block_table is given").
+inline void check_rank(const char* op, const char* name, const at::Tensor& t, int64_t dim, const char* dims,
+                       const char* when = "") {
+  TORCH_CHECK(t.dim() == dim, op, ": ", name, " must be a ", dim, "-D tensor ", dims, when, ", got a ", t.dim(),
+              "-D tensor of shape ", shape_str(t));
+}
+
+// An index tensor: int32 (or int64 where allowed) of the shape described by `shape_text`.
+// `shape_ok` says whether its shape is the expected one.
+inline void check_index_tensor(const char* op, const char* name, const at::Tensor& t, bool allow_int64, bool shape_ok,
+                               const std::string& shape_text) {
+  const bool dtype_ok = t.scalar_type() == at::kInt || (allow_int64 && t.scalar_type() == at::kLong);
+  TORCH_CHECK(dtype_ok && shape_ok, op, ": ", name, " must be an ",
+              allow_int64 ? "int32 or int64" : "int32", " tensor of shape ", shape_text, ", got ",
+              dtype_name(t.scalar_type()), " tensor of shape ", shape_str(t));
+}
+
+}  // namespace attn_ops

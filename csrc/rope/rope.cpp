@@ -1,0 +1,73 @@
+// Argument checks of the rotary embedding ops and their Meta kernels.
+#include "rope/validation.h"
+
+#include "common/checks.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace attn_ops {
+
+void check_rotary_inputs(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                         const at::Tensor& positions) {
+  check_float_dtype(op, "x", x);
+  TORCH_CHECK(x.dim() >= 2, op, ": x must have at least 2 dimensions [..., heads, head_dim], got a ", x.dim(),
+              "-D tensor of shape ", shape_str(x));
+  check_last_dim_contiguous(op, "x", x);
+  const c10::SymIntArrayRef leading = x.sym_sizes().slice(0, x.dim() - 2);
+  check_index_tensor(op, "positions", positions, /*allow_int64=*/true, positions.sym_sizes() == leading,
+                     shape_str(leading) + " (the leading dims of x)");
+  const bool cos_dtype_ok = cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type();
+  TORCH_CHECK(cos.dim() == 2 && cos_dtype_ok, op, ": cos must be a 2-D tensor [max_positions, rotary_dim / 2] of dtype ",
+              "float32 or ", dtype_name(x.scalar_type()), " (as x), got ", dtype_name(cos.scalar_type()),
+              " tensor of shape ", shape_str(cos));
+  TORCH_CHECK(sin.sym_sizes() == cos.sym_sizes() && sin.scalar_type() == cos.scalar_type(), op,
+              ": sin must have the shape and dtype of cos (", shape_str(cos), " ", dtype_name(cos.scalar_type()),
+              "), got ", shape_str(sin), " ", dtype_name(sin.scalar_type()));
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"cos", cos}, {"sin", sin},
+                                {"positions", positions}}) {
+    TORCH_CHECK(t.device() == x.device(), op, ": cos, sin and positions must be on the same device as x (",
+                x.device(), "), got ", name, " on ", t.device());
+  }
+  TORCH_CHECK(2 * cos.sym_size(1) <= x.sym_size(-1), op, ": rotary_dim 2 * ", cos.sym_size(1), " = ",
+              2 * cos.sym_size(1), " exceeds head_dim ", x.sym_size(-1));
+  if (positions.device().type() != c10::DeviceType::Meta) {
+    const at::Tensor pos = positions.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* p = pos.const_data_ptr<int64_t>();
+    const int64_t max_positions = cos.size(0);
+    for (int64_t i = 0; i < pos.numel(); ++i) {
+      if (p[i] < 0 || p[i] >= max_positions) {
+        // Name the offending element by its multi-index, e.g. positions[1, 3].
+        std::string index;
+        for (int64_t d = pos.dim() - 1, rest = i; d >= 0; --d) {
+          index = std::to_string(rest % pos.size(d)) + (index.empty() ? "" : ", ") + index;
+          rest /= pos.size(d);
+        }
+        TORCH_CHECK(false, op, ": positions[", index, "] = ", p[i], " is out of range [0, ", max_positions,
+                    ") of the cos/sin table");
+      }
+    }
+  }
+}
+
+namespace {
+
+at::Tensor rotary_embedding_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                 const at::Tensor& positions, bool interleaved, bool inverse) {
+  check_rotary_inputs("attn_ops.rotary_embedding", x, cos, sin, positions);
+  return at::empty_symint(x.sym_sizes(), x.options());
+}
+
+void rotary_embedding__meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& positions, bool interleaved, bool inverse) {
+  check_rotary_inputs("attn_ops.rotary_embedding_", x, cos, sin, positions);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
+  m.impl("rotary_embedding", &rotary_embedding_meta);
+  m.impl("rotary_embedding_", &rotary_embedding__meta);
+}
+
+}  // namespace attn_ops
