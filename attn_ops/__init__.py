@@ -6,6 +6,7 @@ Importing the package loads the compiled operator library, which registers ``tor
 import torch  # noqa: F401  (the operator library links against torch's libraries)
 
 from . import _C  # noqa: F401  (registers the operators)
+from . import nn
 from .ops import (
     attention,
     attention_backward,
@@ -18,6 +19,7 @@ from .ops import (
 )
 
 __all__ = [
+    "nn",
     "attention",
     "attention_backward",
     "attention_with_kvcache",

@@ -1,0 +1,177 @@
+"""Attention modules built on the attn_ops operators: grouped-query (GQA), multi-query (MQA) and
+multi-head (MHA) self-attention with rotary position embeddings, for training and for cached
+inference (:mod:`attn_ops.nn.cache`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from .. import ops as _ops
+from .cache import KVCache, PagedKVCache
+
+__all__ = ["GroupedQueryAttention", "MultiQueryAttention", "MultiHeadAttention"]
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal grouped-query self-attention with RoPE, laid out like HuggingFace's Llama / Mistral /
+    Qwen2 attention (so their checkpoints' weights load by name).
+
+    Parameters: ``q_proj`` (``embed_dim -> num_heads * head_dim``), ``k_proj`` / ``v_proj``
+    (``embed_dim -> num_kv_heads * head_dim``), all with a bias when ``bias=True`` (Qwen2), and
+    ``o_proj`` (``num_heads * head_dim -> embed_dim``, no bias). Query head ``h`` reads KV head
+    ``h // (num_heads // num_kv_heads)``; K/V are never repeated in memory.
+
+    Rotary embedding: non-persistent buffers ``rope_cos`` / ``rope_sin``
+    (``[max_position_embeddings, head_dim // 2]``) from :func:`attn_ops.rotary_cos_sin`; the
+    half-split (``rotate_half``, Llama) convention, or pairs ``(2i, 2i+1)`` with
+    ``rope_interleaved=True`` (GPT-J / DeepSeek). The tables stay float32 when the module is cast to
+    float16 / bfloat16 (float64 for a float64 module); the rotation is computed in float32.
+
+    Sliding window: ``sliding_window=W`` means what it means in HuggingFace Mistral / Qwen2: a query
+    sees the ``W`` most recent keys, itself included (key ``j`` visible to query ``i`` iff
+    ``i - W < j <= i``), i.e. the ops' ``window_left = W - 1``. ``None`` is unbounded.
+
+    Args:
+        embed_dim: model width ``E``.
+        num_heads, num_kv_heads: query and key/value heads (``num_heads % num_kv_heads == 0``).
+        head_dim: defaults to ``embed_dim // num_heads``; must be even.
+        bias: bias on ``q_proj`` / ``k_proj`` / ``v_proj``.
+        rope_theta, max_position_embeddings: the rotary base and table length (positions must be
+            below it).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,
+                 bias: bool = False, rope_theta: float = 10000.0, sliding_window: Optional[int] = None,
+                 rope_interleaved: bool = False, max_position_embeddings: int = 4096, device=None,
+                 dtype=None):
+        super().__init__()
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(f"embed_dim ({embed_dim}) must be a multiple of num_heads ({num_heads}) "
+                                 f"when head_dim is not given")
+            head_dim = embed_dim // num_heads
+        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
+                             f"({num_kv_heads})")
+        if head_dim < 2 or head_dim % 2:
+            raise ValueError(f"head_dim must be even and >= 2 for rotary embeddings, got {head_dim}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim = head_dim
+        self.rope_theta = float(rope_theta)
+        self.rope_interleaved = bool(rope_interleaved)
+        self.sliding_window = sliding_window
+        self.max_position_embeddings = max_position_embeddings
+        fk = dict(device=device, dtype=dtype)
+        self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias, **fk)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **fk)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **fk)
+        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=False, **fk)
+        table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        cos, sin = _ops.rotary_cos_sin(max_position_embeddings, head_dim, self.rope_theta,
+                                       dtype=table_dtype, device=device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def window_left(self) -> int:
+        """The ops' ``window_left`` for :attr:`sliding_window` (``-1`` when unbounded)."""
+        return self.sliding_window - 1 if self.sliding_window is not None else -1
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # Casting the module to float16 / bfloat16 also casts the buffers; keep the rotary tables in
+        # float32 instead (the op computes in float32 and accepts float32 tables for any x dtype).
+        if self.rope_cos.dtype not in (torch.float32, torch.float64):
+            if self.rope_cos.device.type == "meta":
+                cos, sin = self.rope_cos.float(), self.rope_sin.float()
+            else:
+                cos, sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.head_dim,
+                                               self.rope_theta, dtype=torch.float32,
+                                               device=self.rope_cos.device)
+            self.rope_cos, self.rope_sin = cos, sin
+        return self
+
+    def _tables(self, dtype: torch.dtype):
+        cos, sin = self.rope_cos, self.rope_sin
+        if cos.dtype != torch.float32 and cos.dtype != dtype:  # float64 tables, non-float64 input
+            cos, sin = cos.float(), sin.float()
+        return cos, sin
+
+    def forward(self, x: Tensor, positions: Optional[Tensor] = None,
+                cache: Optional[Union[KVCache, PagedKVCache]] = None, layer_idx: int = 0) -> Tensor:
+        """``x [B, T, E] -> [B, T, E]``.
+
+        Without a cache (training, full-sequence inference): ``positions`` (int ``[T]`` or ``[B, T]``)
+        default to ``0 .. T-1``; RoPE by the differentiable :func:`attn_ops.rotary_embedding`, then
+        causal :func:`attn_ops.attention`. Gradients flow to ``x`` and every parameter.
+
+        With a cache (inference; call it under ``torch.no_grad()`` / ``inference_mode``): the ``T``
+        tokens of row ``b`` sit at cache positions ``cache.seqlens[b] + t``; ``positions`` defaults to
+        those (give it only to rotate at other positions -- the tokens are stored after the row's
+        current length regardless). ``q`` / ``k`` are rotated in place, ``k`` / ``v`` appended to layer
+        ``layer_idx`` of the cache, and ``q`` attends causally over ``cache.seqlens + T`` keys. The
+        layer with ``layer_idx == cache.num_layers - 1`` then advances ``cache.seqlens`` by ``T`` in
+        place, so a forward through all the layers of a model advances the cache once; layers before
+        it leave the lengths alone. Only tensor ops on the lengths: a decode step compiles with
+        ``torch.compile(fullgraph=True)``. A :class:`~attn_ops.nn.PagedKVCache` needs
+        ``cache.reserve(T)`` before the step.
+        """
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        cos, sin = self._tables(q.dtype)
+        rope = dict(interleaved=self.rope_interleaved)
+        if cache is None:
+            if positions is None:
+                positions = torch.arange(T, device=x.device)
+            positions = positions.expand(B, T) if positions.dim() == 1 else positions
+            q = _ops.rotary_embedding(q, cos, sin, positions, **rope)
+            k = _ops.rotary_embedding(k, cos, sin, positions, **rope)
+            out, _ = _ops.attention(q, k, v, causal=True, window_left=self.window_left)
+        else:
+            if positions is None:
+                positions = cache.positions(B, T)
+            elif positions.dim() == 1:
+                positions = positions.expand(B, T)
+            if q.requires_grad or k.requires_grad:
+                # grad mode on: rotate out of place (the cached path is not differentiable anyway)
+                q = _ops.rotary_embedding(q, cos, sin, positions, **rope)
+                k = _ops.rotary_embedding(k, cos, sin, positions, **rope)
+            else:
+                _ops.rotary_embedding_(q, cos, sin, positions, **rope)
+                _ops.rotary_embedding_(k, cos, sin, positions, **rope)
+            cache.append(layer_idx, k, v)
+            out = cache.attend(layer_idx, q, window_left=self.window_left)
+            if layer_idx == cache.num_layers - 1:
+                cache.advance(T, B)
+        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+
+    def extra_repr(self) -> str:
+        s = (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+             f"rope_theta={self.rope_theta:g}")
+        if self.rope_interleaved:
+            s += ", rope_interleaved=True"
+        if self.sliding_window is not None:
+            s += f", sliding_window={self.sliding_window}"
+        return s
+
+
+class MultiQueryAttention(GroupedQueryAttention):
+    """:class:`GroupedQueryAttention` with one key/value head shared by all query heads (MQA)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, head_dim: Optional[int] = None, **kwargs):
+        super().__init__(embed_dim, num_heads, 1, head_dim, **kwargs)
+
+
+class MultiHeadAttention(GroupedQueryAttention):
+    """:class:`GroupedQueryAttention` with one key/value head per query head (MHA)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, head_dim: Optional[int] = None, **kwargs):
+        super().__init__(embed_dim, num_heads, num_heads, head_dim, **kwargs)

@@ -1,0 +1,404 @@
+"""KV caches for the attention modules of :mod:`attn_ops.nn` (inference).
+
+Two cache objects hold the keys and values of every layer of a model plus one ``int32`` length per
+batch row (``seqlens``):
+
+* :class:`KVCache` -- contiguous: per layer ``k [batch, capacity, Hkv, D]`` / ``v [.., Dv]``.
+* :class:`PagedKVCache` -- paged (vLLM layout): per layer ``k [num_blocks, block_size, Hkv, D]``,
+  a ``block_table`` ``int32 [max_batch, max_blocks_per_seq]`` mapping each row's logical blocks to
+  physical ones, and a host-side free-block allocator (:meth:`PagedKVCache.reserve`).
+
+How a step works (what :class:`attn_ops.nn.GroupedQueryAttention` does with a cache): every layer
+``l`` rotates its new ``q`` / ``k`` at positions ``seqlens[b] + t``, appends ``k`` / ``v`` at row ``b``'s
+current length (:meth:`append`), attends over ``seqlens + T`` keys (:meth:`attend`), and the layer with
+``layer_idx == num_layers - 1`` then advances ``seqlens`` by ``T`` (:meth:`advance`). So one model
+forward over all layers advances the cache by the ``T`` tokens it was given; a caller that drives the
+ops itself calls :meth:`advance` after its last layer.
+
+Everything the modules call (``positions``, ``slot_mapping``, ``append``, ``attend``, ``advance``) is
+tensor ops on the ``int32`` lengths (in place), with no ``.item()`` and no data-dependent Python branch,
+so a decode step traces under ``torch.compile(fullgraph=True)``. The host-side methods (``reset``,
+``free_rows``, ``truncate``, ``lengths``, ``PagedKVCache.reserve``) run between steps, outside compiled
+code; ``truncate`` and ``reserve`` read the lengths back to the host.
+
+Every forward writes ``T`` tokens into each of its ``B`` rows (rows ``0 .. B-1`` of the cache, ``B`` may be
+smaller than the cache's batch). Batches of prompts with different lengths: pad them on the right to a
+common length, prefill, then :meth:`truncate` each row to its prompt length -- causal attention never
+lets a real token see the padding after it, and the padded entries are overwritten by later appends.
+
+Create the caches in the same grad mode as the steps that use them (e.g. all under ``torch.no_grad()``;
+tensors created under ``torch.inference_mode()`` cannot be modified outside it).
+"""
+from __future__ import annotations
+
+import collections
+from typing import List, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from .. import ops as _ops
+
+__all__ = ["KVCache", "PagedKVCache", "OutOfBlocksError"]
+
+Rows = Union[int, Sequence[int], Tensor]
+
+
+class OutOfBlocksError(RuntimeError):
+    """:meth:`PagedKVCache.reserve` found fewer free blocks than the next tokens need."""
+
+
+def _check_positive(name: str, value: int, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _rows_view(t: Tensor, batch_size: int) -> Tensor:
+    """The first ``batch_size`` rows of ``t`` (``t`` itself when that is all of them)."""
+    return t if batch_size == t.shape[0] else t[:batch_size]
+
+
+def _row_list(rows: Rows, n: int, what: str) -> List[int]:
+    if isinstance(rows, Tensor):
+        rows = rows.reshape(-1).tolist()
+    elif isinstance(rows, int):
+        rows = [rows]
+    rows = [int(r) for r in rows]
+    for r in rows:
+        if not 0 <= r < n:
+            raise IndexError(f"{what}: row {r} is out of range [0, {n})")
+    return rows
+
+
+class _CacheBase:
+    """What both caches share: lengths, positions, advancing, host-side length management."""
+
+    num_layers: int
+    seqlens: Tensor  # int32 [rows]; the live lengths (modified in place)
+    k: List[Tensor]
+    v: List[Tensor]
+
+    # ---- used inside a (possibly compiled) forward: tensor ops only -------------------------
+    def positions(self, batch_size: int, num_tokens: int) -> Tensor:
+        """``int32 [B, T]``: the cache positions of the next ``T`` tokens of rows ``0 .. B-1``
+        (``seqlens[b] + t``)."""
+        seqlens = _rows_view(self.seqlens, batch_size)
+        t = torch.arange(num_tokens, dtype=torch.int32, device=seqlens.device)
+        return seqlens.unsqueeze(1) + t
+
+    def advance(self, num_tokens: Union[int, Tensor], batch_size: Optional[int] = None) -> None:
+        """Add ``num_tokens`` to the lengths of rows ``0 .. batch_size-1`` (all rows by default), in
+        place. The attention modules call it after the last layer (``layer_idx == num_layers - 1``);
+        call it yourself only when you append with the ops directly."""
+        rows = self.seqlens if batch_size is None else _rows_view(self.seqlens, batch_size)
+        rows.add_(num_tokens)
+
+    # ---- host side, between steps ------------------------------------------------------------
+    def lengths(self) -> Tensor:
+        """A copy of the current lengths (``int32 [rows]``)."""
+        return self.seqlens.clone()
+
+    def reset(self) -> None:
+        """Empty every row (lengths 0). The stored values are left as they are (they are
+        overwritten by the next appends)."""
+        self.seqlens.zero_()
+
+    def free_rows(self, rows: Rows) -> None:
+        """Empty the given rows (lengths 0)."""
+        idx = _row_list(rows, self.seqlens.shape[0], f"{type(self).__name__}.free_rows")
+        if idx:
+            self.seqlens[torch.tensor(idx, dtype=torch.long, device=self.seqlens.device)] = 0
+
+    def truncate(self, lengths: Union[Sequence[int], Tensor]) -> None:
+        """Set the lengths of rows ``0 .. len(lengths)-1`` to ``lengths`` (each at most the current
+        length), e.g. after a right-padded prefill of prompts of different lengths."""
+        new = torch.as_tensor(lengths, dtype=torch.int32).reshape(-1).cpu()
+        n = new.shape[0]
+        name = f"{type(self).__name__}.truncate"
+        if n > self.seqlens.shape[0]:
+            raise ValueError(f"{name}: got {n} lengths for a cache of {self.seqlens.shape[0]} rows")
+        cur = self.seqlens[:n].cpu()
+        bad = ((new < 0) | (new > cur)).nonzero()
+        if bad.numel():
+            b = int(bad[0, 0])
+            raise ValueError(f"{name}: lengths[{b}] = {int(new[b])} must be in [0, {int(cur[b])}] "
+                             f"(the row's current length)")
+        self.seqlens[:n].copy_(new.to(self.seqlens.device))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key/value storage of all layers (the lengths and block table not counted)."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Key/value bytes one token takes over all layers."""
+        return sum(t.shape[-2] * t.shape[-1] * t.element_size() for t in self.k + self.v)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k[0].shape[-2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k[0].shape[-1]
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.v[0].shape[-1]
+
+    def _check_layer(self, layer_idx: int) -> None:
+        if not 0 <= layer_idx < self.num_layers:
+            raise IndexError(f"{type(self).__name__}: layer_idx {layer_idx} is out of range "
+                             f"[0, {self.num_layers})")
+
+
+class KVCache(_CacheBase):
+    """Contiguous KV cache: per layer ``k [batch_size, capacity, Hkv, D]``, ``v [.., Dv]`` (one
+    allocation per layer and per tensor), and ``seqlens`` (``int32 [batch_size]``).
+
+    Args:
+        num_layers: how many attention layers share the cache (``layer_idx`` in ``0 .. num_layers-1``;
+            the last one advances the lengths).
+        batch_size: rows; a forward may use the first ``B <= batch_size`` of them.
+        capacity: tokens per row. Appending past it raises the op's ``RuntimeError``
+            ("... exceeds the cache capacity ...") before anything is written.
+        num_kv_heads, head_dim: the KV heads and head dim of the layers; ``head_dim_v`` defaults to
+            ``head_dim``.
+
+    The sliding window of a module does not shrink the cache: it must hold the whole sequence.
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int,
+                 head_dim: int, *, head_dim_v: Optional[int] = None,
+                 dtype: torch.dtype = torch.float32, device=None):
+        self.num_layers = _check_positive("num_layers", num_layers)
+        self.batch_size = _check_positive("batch_size", batch_size)
+        self._capacity = _check_positive("capacity", capacity)
+        _check_positive("num_kv_heads", num_kv_heads)
+        _check_positive("head_dim", head_dim)
+        head_dim_v = head_dim if head_dim_v is None else _check_positive("head_dim_v", head_dim_v)
+        kw = dict(dtype=dtype, device=device)
+        self.k = [torch.zeros(batch_size, capacity, num_kv_heads, head_dim, **kw)
+                  for _ in range(num_layers)]
+        self.v = [torch.zeros(batch_size, capacity, num_kv_heads, head_dim_v, **kw)
+                  for _ in range(num_layers)]
+        self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens each row can hold."""
+        return self._capacity
+
+    def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
+        """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` at the current
+        lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
+        self._check_layer(layer_idx)
+        B = k.shape[0]
+        _ops.kv_cache_append(_rows_view(self.k[layer_idx], B), _rows_view(self.v[layer_idx], B), k, v,
+                             _rows_view(self.seqlens, B))
+
+    def attend(self, layer_idx: int, q: Tensor, *, scale: Optional[float] = None,
+               window_left: int = -1, softcap: float = 0.0) -> Tensor:
+        """Causal attention of ``q [B, T, Hq, D]`` (the ``T`` tokens just appended) over layer
+        ``layer_idx``'s cache: ``[B, T, Hq, Dv]``."""
+        self._check_layer(layer_idx)
+        B, T = q.shape[0], q.shape[1]
+        out, _ = _ops.attention_with_kvcache(
+            q, _rows_view(self.k[layer_idx], B), _rows_view(self.v[layer_idx], B),
+            _rows_view(self.seqlens, B) + T, scale=scale, causal=True, window_left=window_left,
+            softcap=softcap)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"KVCache(num_layers={self.num_layers}, batch_size={self.batch_size}, "
+                f"capacity={self.capacity}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, "
+                f"nbytes={self.nbytes})")
+
+
+class PagedKVCache(_CacheBase):
+    """Paged KV cache (vLLM layout) with a host-side block allocator.
+
+    Per layer ``k [num_blocks, block_size, Hkv, D]`` / ``v [.., Dv]``; ``block_table``
+    (``int32 [max_batch, max_blocks_per_seq]``): token ``p`` of row ``b`` lives in block
+    ``block_table[b, p // block_size]`` at offset ``p % block_size``; entries not assigned hold
+    ``num_blocks`` (out of range, so an append the allocator did not reserve for raises the op's
+    ``RuntimeError`` and writes nothing). All layers share one block table.
+
+    Before each step (outside compiled code) call :meth:`reserve` with the number of tokens the step
+    adds; it assigns the blocks the rows need, round-robin over the rows (row 0's next block, row 1's
+    next block, ...), so rows that grow together get interleaved, non-contiguous blocks. Freed blocks
+    go to the back of the free list. Raises :class:`OutOfBlocksError` (a ``RuntimeError``) when the free
+    blocks do not suffice, and ``RuntimeError`` when a row would need more than ``max_blocks_per_seq``
+    blocks; in both cases nothing is assigned.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, max_batch: int, max_blocks_per_seq: int, *,
+                 head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None):
+        self.num_layers = _check_positive("num_layers", num_layers)
+        self.num_blocks = _check_positive("num_blocks", num_blocks)
+        self.block_size = _check_positive("block_size", block_size)
+        self.max_batch = _check_positive("max_batch", max_batch)
+        self.max_blocks_per_seq = _check_positive("max_blocks_per_seq", max_blocks_per_seq)
+        _check_positive("num_kv_heads", num_kv_heads)
+        _check_positive("head_dim", head_dim)
+        head_dim_v = head_dim if head_dim_v is None else _check_positive("head_dim_v", head_dim_v)
+        kw = dict(dtype=dtype, device=device)
+        self.k = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, **kw)
+                  for _ in range(num_layers)]
+        self.v = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim_v, **kw)
+                  for _ in range(num_layers)]
+        self.seqlens = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        self.block_table = torch.full((max_batch, max_blocks_per_seq), num_blocks, dtype=torch.int32,
+                                      device=device)
+        self._free: collections.deque = collections.deque(range(num_blocks))
+        self._row_blocks: List[List[int]] = [[] for _ in range(max_batch)]
+
+    # ---- properties ----------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.max_batch
+
+    @property
+    def capacity(self) -> int:
+        """Tokens one row can hold (``max_blocks_per_seq * block_size``)."""
+        return self.max_blocks_per_seq * self.block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def row_blocks(self, row: int) -> List[int]:
+        """The physical blocks assigned to ``row``, in logical order (a copy)."""
+        return list(self._row_blocks[row])
+
+    # ---- host-side allocator -------------------------------------------------------------------
+    def reserve(self, num_new_tokens: Union[int, Sequence[int], Tensor]) -> int:
+        """Assign the blocks rows need to hold ``num_new_tokens`` more tokens each.
+
+        ``num_new_tokens``: an int for every row, or one count per row for rows ``0 .. n-1`` (the
+        other rows get 0). Reads the lengths back to the host. Idempotent for a given step (blocks
+        already assigned are kept). Returns the number of blocks assigned by this call.
+        """
+        if isinstance(num_new_tokens, int):
+            counts = [num_new_tokens] * self.max_batch
+        else:
+            counts = [int(c) for c in torch.as_tensor(num_new_tokens).reshape(-1).tolist()]
+            if len(counts) > self.max_batch:
+                raise ValueError(f"PagedKVCache.reserve: got {len(counts)} counts for a cache of "
+                                 f"{self.max_batch} rows")
+            counts += [0] * (self.max_batch - len(counts))
+        if any(c < 0 for c in counts):
+            raise ValueError(f"PagedKVCache.reserve: token counts must be >= 0, got {counts}")
+        lengths = self.seqlens.tolist()
+        need = []
+        for b, (n, L) in enumerate(zip(counts, lengths)):
+            blocks = -(-(L + n) // self.block_size) if n > 0 else 0
+            if blocks > self.max_blocks_per_seq:
+                raise RuntimeError(
+                    f"PagedKVCache.reserve: row {b} would hold {L + n} tokens, more than its capacity "
+                    f"{self.capacity} (max_blocks_per_seq {self.max_blocks_per_seq} x block_size "
+                    f"{self.block_size})")
+            need.append(max(0, blocks - len(self._row_blocks[b])))
+        total = sum(need)
+        if total > len(self._free):
+            raise OutOfBlocksError(
+                f"PagedKVCache.reserve: out of KV-cache blocks: the next tokens need {total} more "
+                f"blocks of {self.block_size} tokens, {len(self._free)} of {self.num_blocks} are free "
+                f"(free finished rows with free_rows(), or make num_blocks larger)")
+        if total == 0:
+            return 0
+        for j in range(max(need)):  # round-robin over the rows
+            for b in range(self.max_batch):
+                if need[b] > j:
+                    self._row_blocks[b].append(self._free.popleft())
+        self._sync_table()
+        return total
+
+    def free_rows(self, rows: Rows) -> None:
+        """Empty the given rows and return their blocks to the free list (reserve again before a
+        row takes part in another step)."""
+        idx = _row_list(rows, self.max_batch, "PagedKVCache.free_rows")
+        for b in idx:
+            self._free.extend(self._row_blocks[b])
+            self._row_blocks[b] = []
+        super().free_rows(idx)
+        self._sync_table()
+
+    def truncate(self, lengths: Union[Sequence[int], Tensor]) -> None:
+        """Set the lengths of rows ``0 .. len(lengths)-1`` (each at most its current length) and
+        return the blocks no longer needed to the free list."""
+        super().truncate(lengths)
+        n = torch.as_tensor(lengths).numel()
+        for b, L in enumerate(self.seqlens[:n].tolist()):
+            keep = -(-L // self.block_size)
+            if len(self._row_blocks[b]) > keep:
+                self._free.extend(self._row_blocks[b][keep:])
+                del self._row_blocks[b][keep:]
+        self._sync_table()
+
+    def reset(self) -> None:
+        """Empty every row, free every block (the free list back in its initial order)."""
+        super().reset()
+        self._free = collections.deque(range(self.num_blocks))
+        self._row_blocks = [[] for _ in range(self.max_batch)]
+        self._sync_table()
+
+    def _sync_table(self) -> None:
+        table = torch.full((self.max_batch, self.max_blocks_per_seq), self.num_blocks,
+                           dtype=torch.int32)
+        for b, blocks in enumerate(self._row_blocks):
+            if blocks:
+                table[b, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        self.block_table.copy_(table.to(self.block_table.device))
+
+    # ---- used inside a (possibly compiled) forward ---------------------------------------------
+    def slot_mapping(self, batch_size: int, num_tokens: int) -> Tensor:
+        """``int64 [B * T]``: the cache slot (``block * block_size + offset``) of the next ``T``
+        tokens of rows ``0 .. B-1``, row-major. Positions outside what the row's blocks cover map to
+        an out-of-range slot (the append op then raises)."""
+        pos = self.positions(batch_size, num_tokens).long()
+        blk_idx = torch.div(pos, self.block_size, rounding_mode="floor")
+        offset = pos - blk_idx * self.block_size
+        table = _rows_view(self.block_table, batch_size).long()
+        blk = torch.gather(table, 1, blk_idx.clamp(max=self.max_blocks_per_seq - 1))
+        blk = torch.where(blk_idx < self.max_blocks_per_seq, blk, self.num_blocks)
+        return (blk * self.block_size + offset).reshape(-1)
+
+    def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
+        """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` after the current
+        lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
+        self._check_layer(layer_idx)
+        B, T = k.shape[0], k.shape[1]
+        _ops.paged_kv_cache_append(self.k[layer_idx], self.v[layer_idx], k.flatten(0, 1),
+                                   v.flatten(0, 1), self.slot_mapping(B, T))
+
+    def attend(self, layer_idx: int, q: Tensor, *, scale: Optional[float] = None,
+               window_left: int = -1, softcap: float = 0.0) -> Tensor:
+        """Causal attention of ``q [B, T, Hq, D]`` (the ``T`` tokens just appended) over layer
+        ``layer_idx``'s cache: ``[B, T, Hq, Dv]``."""
+        self._check_layer(layer_idx)
+        B, T = q.shape[0], q.shape[1]
+        out, _ = _ops.attention_with_kvcache(
+            q, self.k[layer_idx], self.v[layer_idx], _rows_view(self.seqlens, B) + T,
+            block_table=_rows_view(self.block_table, B), scale=scale, causal=True,
+            window_left=window_left, softcap=softcap)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
+                f"block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, max_batch={self.max_batch}, "
+                f"max_blocks_per_seq={self.max_blocks_per_seq}, dtype={self.dtype}, "
+                f"device={self.device}, free_blocks={self.num_free_blocks})")

@@ -1,0 +1,526 @@
+"""attn_ops.nn: the attention modules against a plain-PyTorch (HuggingFace eager style) reference
+module loaded with the same state_dict, training gradients, cached inference (prefill + decode equals
+the full-sequence forward, contiguous and paged caches, ragged prompts), torch.compile of a decode
+step, and the cache objects' host-side behaviour.
+
+Tolerance for the reference comparisons: reference.assert_close_to_ref (|ours - ref64| <=
+2 * |same_dtype - ref64| + eps), where ref64 is the reference module in float64 and same_dtype the
+reference module in the module's dtype (HF eager: RoPE tables cast to the dtype, softmax in float32).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import attn_ops
+from attn_ops.nn import (GroupedQueryAttention, KVCache, MultiHeadAttention, MultiQueryAttention,
+                         OutOfBlocksError, PagedKVCache)
+from reference import assert_close_to_ref
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16]
+DT_IDS = ["f32", "f64", "bf16"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Plain-PyTorch reference (HF eager attention: rotate_half RoPE, repeat_kv, masked softmax)
+# --------------------------------------------------------------------------------------------------
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_every_two(x):
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def repeat_kv(x, n_rep):
+    """[B, Hkv, T, D] -> [B, Hkv * n_rep, T, D] (HF's repeat_kv)."""
+    B, Hkv, T, D = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, None].expand(B, Hkv, n_rep, T, D).reshape(B, Hkv * n_rep, T, D)
+
+
+class RefAttention(nn.Module):
+    """The GroupedQueryAttention computation written out in plain PyTorch, same parameter names."""
+
+    def __init__(self, embed_dim, num_heads, num_kv_heads, head_dim, bias, sliding_window,
+                 interleaved):
+        super().__init__()
+        self.h, self.hkv, self.d = num_heads, num_kv_heads, head_dim
+        self.window, self.interleaved = sliding_window, interleaved
+        self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=False)
+
+    @classmethod
+    def like(cls, mod, dtype):
+        ref = cls(mod.embed_dim, mod.num_heads, mod.num_kv_heads, mod.head_dim,
+                  mod.q_proj.bias is not None, mod.sliding_window, mod.rope_interleaved)
+        ref = ref.to(device=mod.q_proj.weight.device, dtype=dtype)
+        ref.load_state_dict(mod.state_dict())  # casts the module's values into `dtype`
+        return ref
+
+    def forward(self, x, cos_table, sin_table, positions):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.h, self.d).transpose(1, 2)      # [B, H, T, D]
+        k = self.k_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
+        cos, sin = cos_table[positions], sin_table[positions]                # [B, T, D/2]
+        if self.interleaved:
+            cos, sin, rot = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1), rotate_every_two
+        else:
+            cos, sin, rot = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1), rotate_half
+        cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
+        q = q * cos + rot(q) * sin
+        k = k * cos + rot(k) * sin
+        k, v = repeat_kv(k, self.h // self.hkv), repeat_kv(v, self.h // self.hkv)
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.d)
+        i = torch.arange(T, device=x.device)[:, None]
+        j = torch.arange(T, device=x.device)[None, :]
+        visible = j <= i
+        if self.window is not None:
+            visible = visible & (i - j < self.window)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        # HF eager: softmax in float32 for low-precision inputs (float64 stays float64)
+        p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
+        p = p.to(q.dtype)
+        out = torch.matmul(p, v).transpose(1, 2).reshape(B, T, self.h * self.d)
+        return self.o_proj(out)
+
+
+class Stack(nn.Module):
+    """Residual stack of attention layers sharing one cache (layer i uses layer_idx=i)."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x, positions=None, cache=None):
+        for i, layer in enumerate(self.layers):
+            x = x + layer(x, positions=positions, cache=cache, layer_idx=i)
+        return x
+
+
+def ref_stack_forward(stack, x, positions, dtype):
+    """The reference of Stack in `dtype` (full sequence)."""
+    x = x.to(dtype)
+    for layer in stack.layers:
+        ref = RefAttention.like(layer, dtype)
+        x = x + ref(x, layer.rope_cos.to(dtype), layer.rope_sin.to(dtype), positions)
+    return x
+
+
+# --------------------------------------------------------------------------------------------------
+# Module configurations
+# --------------------------------------------------------------------------------------------------
+CONFIGS = {
+    "gqa": dict(embed_dim=64, num_heads=4, num_kv_heads=2),
+    "mqa": dict(cls=MultiQueryAttention, embed_dim=64, num_heads=4),
+    "mha_headdim32": dict(cls=MultiHeadAttention, embed_dim=48, num_heads=3, head_dim=32),
+    "qwen2_bias": dict(embed_dim=64, num_heads=4, num_kv_heads=2, bias=True, rope_theta=1e6),
+    "interleaved": dict(embed_dim=64, num_heads=4, num_kv_heads=1, rope_interleaved=True),
+    "window5": dict(embed_dim=64, num_heads=4, num_kv_heads=2, sliding_window=5),
+    "window1_bias_interleaved": dict(embed_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                                     bias=True, sliding_window=1, rope_interleaved=True),
+}
+
+
+def build(name, dtype, device, max_pos=256):
+    cfg = dict(CONFIGS[name])
+    cls = cfg.pop("cls", GroupedQueryAttention)
+    mod = cls(max_position_embeddings=max_pos, **cfg).to(device=device, dtype=dtype)
+    with torch.no_grad():  # random biases too (nn.Linear's default init is fine for the weights)
+        for p in mod.parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn_like(p) * 0.5)
+    return mod
+
+
+def rand_x(B, T, E, dtype, device):
+    return (2 * torch.randn(B, T, E, device=device)).to(dtype)
+
+
+def default_positions(B, T, device):
+    return torch.arange(T, device=device).expand(B, T)
+
+
+# --------------------------------------------------------------------------------------------------
+# Module structure
+# --------------------------------------------------------------------------------------------------
+def test_module_structure(device):
+    m = GroupedQueryAttention(64, 8, 2, bias=True, device=device)
+    names = {n: tuple(p.shape) for n, p in m.named_parameters()}
+    assert names == {"q_proj.weight": (64, 64), "q_proj.bias": (64,), "k_proj.weight": (16, 64),
+                     "k_proj.bias": (16,), "v_proj.weight": (16, 64), "v_proj.bias": (16,),
+                     "o_proj.weight": (64, 64)}
+    assert set(m.state_dict()) == set(names)          # rotary tables are non-persistent
+    assert m.rope_cos.shape == (4096, 4) and m.rope_cos.dtype == torch.float32
+    cos, sin = attn_ops.rotary_cos_sin(4096, 8, 10000.0, device=device)
+    assert torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)
+    m = m.to(torch.bfloat16)
+    assert m.q_proj.weight.dtype == torch.bfloat16 and m.rope_cos.dtype == torch.float32
+    assert torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)
+    assert MultiQueryAttention(64, 4).num_kv_heads == 1
+    mha = MultiHeadAttention(64, 4, head_dim=32)
+    assert mha.num_kv_heads == 4 and mha.q_proj.weight.shape == (128, 64)
+    assert GroupedQueryAttention(64, 4, 2, sliding_window=7).window_left == 6
+    assert GroupedQueryAttention(64, 4, 2).window_left == -1
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        GroupedQueryAttention(64, 6, 4, head_dim=16)
+
+
+# --------------------------------------------------------------------------------------------------
+# Forward and backward against the reference module
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_forward_matches_reference(name, dtype, device):
+    mod = build(name, dtype, device)
+    B, T = 2, 19
+    x = rand_x(B, T, mod.embed_dim, dtype, device)
+    pos = default_positions(B, T, device)
+    with torch.no_grad():
+        out = mod(x)
+        ref64 = RefAttention.like(mod, torch.float64)(x.double(), mod.rope_cos.double(),
+                                                       mod.rope_sin.double(), pos)
+        same = RefAttention.like(mod, dtype)(x, mod.rope_cos, mod.rope_sin, pos)
+    assert out.shape == (B, T, mod.embed_dim) and out.dtype == dtype
+    assert_close_to_ref(out, ref64, same, name="out")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_explicit_positions(dtype, device):
+    """positions [B, T] (per row) and [T] (shared) rotate at those positions."""
+    mod = build("qwen2_bias", dtype, device)
+    B, T = 3, 11
+    x = rand_x(B, T, mod.embed_dim, dtype, device)
+    pos2d = torch.stack([torch.randperm(200, device=device)[:T] for _ in range(B)])
+    pos1d = torch.arange(T, device=device) + 37
+    for pos in (pos2d, pos1d):
+        posb = pos.expand(B, T)
+        with torch.no_grad():
+            out = mod(x, positions=pos)
+            ref64 = RefAttention.like(mod, torch.float64)(x.double(), mod.rope_cos.double(),
+                                                           mod.rope_sin.double(), posb)
+            same = RefAttention.like(mod, dtype)(x, mod.rope_cos, mod.rope_sin, posb)
+        assert_close_to_ref(out, ref64, same, name="out")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "interleaved", "window5",
+                                  "window1_bias_interleaved"])
+def test_backward_matches_reference(name, dtype, device):
+    mod = build(name, dtype, device)
+    B, T = 2, 17
+    x0 = rand_x(B, T, mod.embed_dim, dtype, device)
+    w = torch.randn(B, T, mod.embed_dim, device=device, dtype=dtype)
+    pos = default_positions(B, T, device)
+
+    def grads(fn, params, xdt):
+        x = x0.detach().to(xdt).clone().requires_grad_()
+        loss = (fn(x) * w.to(xdt)).sum()
+        loss.backward()
+        return {"x": x.grad, **{n: p.grad for n, p in params}}
+
+    ours = grads(mod, list(mod.named_parameters()), dtype)
+    r64 = RefAttention.like(mod, torch.float64)
+    g64 = grads(lambda x: r64(x, mod.rope_cos.double(), mod.rope_sin.double(), pos),
+                list(r64.named_parameters()), torch.float64)
+    rs = RefAttention.like(mod, dtype)
+    gs = grads(lambda x: rs(x, mod.rope_cos, mod.rope_sin, pos), list(rs.named_parameters()), dtype)
+    assert set(ours) == set(g64)
+    for n in ours:
+        assert ours[n] is not None, n
+        assert_close_to_ref(ours[n], g64[n], gs[n], name=f"grad {n}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Cached inference
+# --------------------------------------------------------------------------------------------------
+def make_cache(kind, num_layers, B, capacity, mod, dtype, device, spare_blocks=3):
+    Hkv, D = mod.num_kv_heads, mod.head_dim
+    if kind == "contig":
+        return KVCache(num_layers, B, capacity, Hkv, D, dtype=dtype, device=device)
+    bs = int(kind.replace("paged", ""))
+    mb = -(-capacity // bs)
+    return PagedKVCache(num_layers, B * mb + spare_blocks, bs, Hkv, D, B, mb, dtype=dtype,
+                        device=device)
+
+
+def cached_step(stack, x, cache):
+    if isinstance(cache, PagedKVCache):
+        cache.reserve(x.shape[1])
+    return stack(x, cache=cache)
+
+
+def make_stack(name, dtype, device, layers=2):
+    return Stack([build(name, dtype, device) for _ in range(layers)])
+
+
+CACHE_KINDS = ["contig", "paged1", "paged16"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("name", ["gqa", "window5", "qwen2_bias"])
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
+    """Prefill in two chunks (8 + 5 tokens), then decode 7 tokens one at a time, through a 2-layer
+    stack sharing one cache: every step's output equals the full-sequence forward at its positions."""
+    stack = make_stack(name, dtype, device)
+    E = stack.layers[0].embed_dim
+    B, chunks = 3, [8, 5] + [1] * 7
+    T = sum(chunks)
+    x = rand_x(B, T, E, dtype, device)
+    pos = default_positions(B, T, device)
+    cache = make_cache(kind, 2, B, T + 3, stack.layers[0], dtype, device)
+    outs, s = [], 0
+    with torch.no_grad():
+        full = stack(x)
+        for n in chunks:
+            outs.append(cached_step(stack, x[:, s:s + n], cache))
+            s += n
+            assert cache.lengths().tolist() == [s] * B
+        ref64 = ref_stack_forward(stack, x, pos, torch.float64)
+        same = ref_stack_forward(stack, x, pos, dtype)
+    cached = torch.cat(outs, dim=1)
+    assert_close_to_ref(cached, ref64, same, name="cached")
+    if dtype != torch.bfloat16:
+        tol = 1e-10 if dtype == torch.float64 else 2e-5
+        torch.testing.assert_close(cached, full, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kind", ["contig", "paged4", "paged16"])
+def test_ragged_prompts_right_padded(kind, device):
+    """Rows with different prompt lengths in one batch: right-pad, prefill, truncate to the prompt
+    lengths, decode; each row equals its own unpadded full-sequence forward."""
+    dtype = torch.float32
+    stack = make_stack("window5", dtype, device)
+    E = stack.layers[0].embed_dim
+    lens, P, n_dec = [11, 4, 8], 11, 5
+    B = len(lens)
+    xp = rand_x(B, P, E, dtype, device)          # the padding is random too
+    xd = rand_x(B, n_dec, E, dtype, device)
+    cache = make_cache(kind, 2, B, P + n_dec, stack.layers[0], dtype, device)
+    with torch.no_grad():
+        pre = cached_step(stack, xp, cache)
+        cache.truncate(lens)
+        assert cache.lengths().tolist() == lens
+        if isinstance(cache, PagedKVCache):
+            assert [len(cache.row_blocks(b)) for b in range(B)] == [
+                -(-L // cache.block_size) for L in lens]
+        dec = torch.cat([cached_step(stack, xd[:, t:t + 1], cache) for t in range(n_dec)], dim=1)
+        assert cache.lengths().tolist() == [L + n_dec for L in lens]
+        for b, L in enumerate(lens):
+            full = stack(torch.cat([xp[b:b + 1, :L], xd[b:b + 1]], dim=1))
+            torch.testing.assert_close(pre[b:b + 1, :L], full[:, :L], rtol=2e-5, atol=2e-5)
+            torch.testing.assert_close(dec[b:b + 1], full[:, L:], rtol=2e-5, atol=2e-5)
+
+
+def gather_paged(cache_t, block_table, b, L):
+    bs = cache_t.shape[1]
+    blocks = block_table[b, : -(-L // bs)].long()
+    return cache_t[blocks].flatten(0, 1)[:L]
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_paged_equals_contiguous(block_size, device):
+    dtype = torch.float32
+    stack = make_stack("gqa", dtype, device)
+    E = stack.layers[0].embed_dim
+    B, P, n_dec = 3, 21, 4
+    x = rand_x(B, P + n_dec, E, dtype, device)
+    contig = make_cache("contig", 2, B, P + n_dec, stack.layers[0], dtype, device)
+    paged = make_cache(f"paged{block_size}", 2, B, P + n_dec, stack.layers[0], dtype, device)
+    with torch.no_grad():
+        for s, e in [(0, P)] + [(P + t, P + t + 1) for t in range(n_dec)]:
+            oc = cached_step(stack, x[:, s:e], contig)
+            op = cached_step(stack, x[:, s:e], paged)
+            torch.testing.assert_close(op, oc, rtol=1e-6, atol=1e-6)
+    L = P + n_dec
+    assert paged.lengths().tolist() == contig.lengths().tolist() == [L] * B
+    # the blocks are interleaved between the rows, not one contiguous run per row
+    rows = [paged.row_blocks(b) for b in range(B)]
+    assert any(r != list(range(r[0], r[0] + len(r))) for r in rows)
+    assert sorted(sum(rows, [])) == sorted(set(sum(rows, [])))
+    for layer in range(2):
+        for b in range(B):
+            for pc, cc in ((paged.k[layer], contig.k[layer]), (paged.v[layer], contig.v[layer])):
+                got = gather_paged(pc, paged.block_table, b, L)
+                if layer == 0:   # same inputs, same ops: the same bits
+                    assert torch.equal(got, cc[b, :L])
+                else:
+                    torch.testing.assert_close(got, cc[b, :L], rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.compile
+# --------------------------------------------------------------------------------------------------
+def test_module_forward_no_graph_break(device):
+    mod = build("window5", torch.float32, device)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(mod)(rand_x(2, 9, mod.embed_dim, torch.float32, device))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.parametrize("kind", ["contig", "paged16"])
+def test_compiled_decode_step(kind, device):
+    """A decode step (module forward with a cache: rotary in place, append, attend, advance) under
+    torch.compile(fullgraph=True): no graph break, eager's results, the caches written in place."""
+    dtype = torch.float32
+    stack = make_stack("window5", dtype, device)
+    E = stack.layers[0].embed_dim
+    B, P = 2, 9
+    caches = {n: make_cache(kind, 2, B, 16, stack.layers[0], dtype, device)
+              for n in ("eager", "compiled", "explain")}
+    prompt = rand_x(B, P, E, dtype, device)
+    with torch.no_grad():
+        for c in caches.values():
+            cached_step(stack, prompt, c)
+    ce, cc, cx = caches["eager"], caches["compiled"], caches["explain"]
+
+    def step(x, cache):
+        with torch.no_grad():
+            return stack(x, cache=cache)
+
+    torch._dynamo.reset()
+    if kind != "contig":
+        cx.reserve(1)
+    explanation = torch._dynamo.explain(step)(rand_x(B, 1, E, dtype, device), cx)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    ptrs = [t.data_ptr() for t in cc.k + cc.v + [cc.seqlens]]
+    for i in range(3):
+        if kind != "contig":
+            ce.reserve(1)
+            cc.reserve(1)
+        x = rand_x(B, 1, E, dtype, device)
+        before = [t.clone() for t in cc.k + cc.v]
+        eo = step(x, ce)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            co = compiled(x, cc)
+        torch.testing.assert_close(co, eo, rtol=1e-5, atol=1e-5)
+        assert [t.data_ptr() for t in cc.k + cc.v + [cc.seqlens]] == ptrs
+        assert cc.lengths().tolist() == ce.lengths().tolist() == [P + i + 1] * B
+        for tc, te, tb in zip(cc.k + cc.v, ce.k + ce.v, before):
+            assert not torch.equal(tc, tb)          # the step wrote into the cache in place
+            torch.testing.assert_close(tc, te, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache objects
+# --------------------------------------------------------------------------------------------------
+def test_kvcache_host_methods(device):
+    c = KVCache(2, 3, 10, 2, 8, dtype=torch.float32, device=device)
+    assert c.capacity == 10 and c.num_layers == 2 and c.batch_size == 3
+    assert c.nbytes == 2 * 2 * 3 * 10 * 2 * 8 * 4
+    assert c.bytes_per_token == 2 * 2 * 2 * 8 * 4
+    assert c.k[0].shape == (3, 10, 2, 8) and c.seqlens.dtype == torch.int32
+    assert c.lengths().tolist() == [0, 0, 0]
+    c.advance(4)
+    lengths = c.lengths()
+    lengths.fill_(9)                                 # a copy
+    assert c.lengths().tolist() == [4, 4, 4]
+    c.advance(2, batch_size=2)
+    assert c.lengths().tolist() == [6, 6, 4]
+    c.free_rows([1])
+    assert c.lengths().tolist() == [6, 0, 4]
+    c.truncate([2])
+    assert c.lengths().tolist() == [2, 0, 4]
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 1 must be in \[0, 0\]"):
+        c.truncate([2, 1])
+    with pytest.raises(IndexError):
+        c.free_rows([3])
+    c.reset()
+    assert c.lengths().tolist() == [0, 0, 0]
+
+
+def test_kvcache_capacity_error_surfaces(device):
+    """Appending past the capacity: the op's RuntimeError, nothing written, lengths unchanged."""
+    stack = make_stack("gqa", torch.float32, device)
+    E = stack.layers[0].embed_dim
+    cache = make_cache("contig", 2, 2, 8, stack.layers[0], torch.float32, device)
+    with torch.no_grad():
+        stack(rand_x(2, 6, E, torch.float32, device), cache=cache)
+        before = [t.clone() for t in cache.k + cache.v]
+        with pytest.raises(RuntimeError, match="exceeds the cache capacity 8"):
+            stack(rand_x(2, 3, E, torch.float32, device), cache=cache)
+    assert cache.lengths().tolist() == [6, 6]
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.k + cache.v))
+
+
+def test_smaller_batch_than_cache(device):
+    """A forward with B rows uses rows 0 .. B-1 of a larger cache and leaves the others alone."""
+    mod = build("gqa", torch.float32, device)
+    x = rand_x(2, 5, mod.embed_dim, torch.float32, device)
+    for kind in ("contig", "paged4"):
+        cache = make_cache(kind, 1, 3, 8, mod, torch.float32, device)
+        with torch.no_grad():
+            if kind != "contig":
+                cache.reserve([5, 5])
+            out = mod(x, cache=cache)
+            torch.testing.assert_close(out, mod(x), rtol=2e-5, atol=2e-5)
+        assert cache.lengths().tolist() == [5, 5, 0]
+
+
+def test_paged_allocator(device):
+    c = PagedKVCache(1, 6, 4, 2, 8, 2, 3, device=device)
+    assert c.capacity == 12 and c.num_free_blocks == 6
+    assert c.nbytes == 2 * 6 * 4 * 2 * 8 * 4
+    assert c.reserve(5) == 4                                   # 2 blocks per row, round-robin
+    assert c.row_blocks(0) == [0, 2] and c.row_blocks(1) == [1, 3]
+    assert c.block_table.tolist() == [[0, 2, 6], [1, 3, 6]]    # 6 = num_blocks: not assigned
+    c.advance(5)
+    assert c.reserve(3) == 0                                   # 8 tokens still fit in 2 blocks
+    c.advance(3)
+    assert c.reserve(1) == 2
+    assert c.row_blocks(0) == [0, 2, 4] and c.row_blocks(1) == [1, 3, 5] and c.num_free_blocks == 0
+    c.advance(1)
+    with pytest.raises(RuntimeError, match=r"row 1 would hold 13 tokens, more than its capacity 12"):
+        c.reserve([0, 4])
+    c.free_rows([0])
+    assert c.num_free_blocks == 3 and c.lengths().tolist() == [0, 9]
+    assert c.block_table[0].tolist() == [6, 6, 6]
+    assert c.reserve([6]) == 2
+    assert c.row_blocks(0) == [0, 2]                           # freed blocks are reused in order
+    c.reset()
+    assert c.num_free_blocks == 6 and c.lengths().tolist() == [0, 0]
+    assert c.block_table.tolist() == [[6, 6, 6], [6, 6, 6]]
+
+
+def test_paged_out_of_blocks(device):
+    c = PagedKVCache(2, 3, 4, 2, 8, 2, 3, device=device)
+    with pytest.raises(OutOfBlocksError, match=r"out of KV-cache blocks: the next tokens need 4 "
+                                               r"more blocks of 4 tokens, 3 of 3 are free"):
+        c.reserve(5)
+    assert issubclass(OutOfBlocksError, RuntimeError)
+    assert c.num_free_blocks == 3 and c.row_blocks(0) == [] and c.row_blocks(1) == []
+    assert c.reserve([5]) == 2
+
+
+def test_paged_truncate_frees_blocks(device):
+    c = PagedKVCache(1, 8, 4, 2, 8, 2, 3, device=device)
+    c.reserve(11)
+    c.advance(11)
+    assert c.num_free_blocks == 2
+    c.truncate([3, 9])
+    assert c.lengths().tolist() == [3, 9]
+    assert len(c.row_blocks(0)) == 1 and len(c.row_blocks(1)) == 3 and c.num_free_blocks == 4
+    assert c.block_table[0, 1:].tolist() == [8, 8]
+
+
+def test_paged_append_without_reserve_raises(device):
+    mod = build("gqa", torch.float32, device)
+    cache = make_cache("paged4", 1, 2, 8, mod, torch.float32, device)
+    before = [t.clone() for t in cache.k + cache.v]
+    with torch.no_grad(), pytest.raises(RuntimeError, match="slot_mapping"):
+        mod(rand_x(2, 3, mod.embed_dim, torch.float32, device), cache=cache)
+    assert cache.lengths().tolist() == [0, 0]
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.k + cache.v))
