@@ -63,10 +63,14 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
   const int64_t block_positions = std::max<int64_t>(1, kTargetRows / G);
   const int64_t max_rows = block_positions * G;
 
+  // Items of one (sequence, KV head) are consecutive, so the threads working on them share that head's
+  // K/V in cache; within it the last query blocks (most visible keys under a causal mask) come first.
   std::vector<WorkItem> items;
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t g = 0; g < p.heads_kv; ++g) {
-      for (int64_t i0 = 0; i0 < p.len_q[b]; i0 += block_positions) {
+      const int64_t blocks = (p.len_q[b] + block_positions - 1) / block_positions;
+      for (int64_t blk = blocks - 1; blk >= 0; --blk) {
+        const int64_t i0 = blk * block_positions;
         items.push_back({b, g, i0, std::min(p.len_q[b], i0 + block_positions)});
       }
     }
@@ -77,15 +81,15 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
   auto key_tiles = [&](const WorkItem& w) {
     return std::max<int64_t>(0, (key_last(w) - key_first(w) + kKeyTile) / kKeyTile);
   };
-  // Longest first (most visible keys), so the tail of the schedule holds small items.
-  std::stable_sort(items.begin(), items.end(),
-                   [&](const WorkItem& a, const WorkItem& b) { return key_tiles(a) > key_tiles(b); });
-
   const int64_t num_items = static_cast<int64_t>(items.size());
   const int64_t threads = at::get_num_threads();
   int64_t splits = 1;
   if (num_items > 0 && num_items < 2 * threads) {
-    splits = std::max<int64_t>(1, std::min((2 * threads + num_items - 1) / num_items, key_tiles(items[0])));
+    int64_t most_tiles = 0;
+    for (const WorkItem& w : items) {
+      most_tiles = std::max(most_tiles, key_tiles(w));
+    }
+    splits = std::max<int64_t>(1, std::min((2 * threads + num_items - 1) / num_items, most_tiles));
   }
   // Partial results of the splits: normalized output and lse per (split, query row); rows are
   // (token_q[b] + position) * Hq + head.
