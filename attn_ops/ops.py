@@ -219,3 +219,48 @@ def rotary_embedding_(
 ) -> None:
     """In-place :func:`rotary_embedding` (inference: rotate q / k just before they are cached). Not differentiable."""
     torch.ops.attn_ops.rotary_embedding_(x, cos, sin, positions, interleaved=interleaved)
+
+
+def mla_cache_append(
+    latent_cache: Tensor,
+    c_kv: Tensor,
+    k_pe: Tensor,
+    *,
+    cache_seqlens: Optional[Tensor] = None,
+    slot_mapping: Optional[Tensor] = None,
+) -> None:
+    """Write MLA latent rows ``[c_kv ; k_pe]`` into a latent cache, in place.
+
+    Contiguous (give ``cache_seqlens``, int32 ``[B]``): ``latent_cache`` ``[B, capacity, d_c + d_rope]``,
+    ``c_kv`` ``[B, Tnew, d_c]``, ``k_pe`` ``[B, Tnew, d_rope]``, written at rows ``cache_seqlens[b] + t`` (the
+    lengths are not changed). Paged (give ``slot_mapping``, int32/int64 ``[N]``, ``-1`` skips):
+    ``latent_cache`` ``[num_blocks, block_size, d_c + d_rope]``, ``c_kv`` ``[N, d_c]``, ``k_pe`` ``[N, d_rope]``.
+    Every check runs before anything is written.
+    """
+    torch.ops.attn_ops.mla_cache_append(latent_cache, c_kv, k_pe, cache_seqlens=cache_seqlens,
+                                        slot_mapping=slot_mapping)
+
+
+def mla_decode(
+    q_latent: Tensor,
+    q_rope: Tensor,
+    latent_cache: Tensor,
+    cache_seqlens: Tensor,
+    *,
+    scale: float,
+    block_table: Optional[Tensor] = None,
+    causal: bool = True,
+) -> Tuple[Tensor, Tensor]:
+    """Absorbed MLA attention (DeepSeek-V2/V3 inference) over a latent cache.
+
+    ``q_latent`` ``[B, Tq, H, d_c]`` (``W_UK^T q_nope`` per head) and ``q_rope`` ``[B, Tq, H, d_rope]`` attend to
+    the first ``cache_seqlens[b]`` rows of ``latent_cache`` (contiguous ``[B, capacity, d_c + d_rope]``, or paged
+    ``[num_blocks, block_size, d_c + d_rope]`` with ``block_table``): score ``= scale * (q_latent . c_kv +
+    q_rope . k_pe)``, output ``sum_j p_j c_kv_j`` in latent space (apply ``W_UV`` after). The queries are the
+    last ``Tq`` positions (bottom-right causal). ``scale`` is required: DeepSeek uses
+    ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``.
+
+    Returns ``(out_latent [B, Tq, H, d_c], lse [B, H, Tq])``. Not differentiable (inference op).
+    """
+    return torch.ops.attn_ops.mla_decode(q_latent, q_rope, latent_cache, cache_seqlens, scale=scale,
+                                         block_table=block_table, causal=causal)

@@ -61,4 +61,22 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, c
   return op.call(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap);
 }
 
+void mla_cache_append(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
+                      const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& slot_mapping) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::mla_cache_append", "")
+                             .typed<decltype(mla_cache_append)>();
+  op.call(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
+}
+
+std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope,
+                                              const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
+                                              double scale, const std::optional<at::Tensor>& block_table,
+                                              bool causal) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::mla_decode", "")
+                             .typed<decltype(mla_decode)>();
+  return op.call(q_latent, q_rope, latent_cache, cache_seqlens, scale, block_table, causal);
+}
+
 }  // namespace attn_ops

@@ -78,4 +78,17 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
     int64_t window_right = -1,
     double softcap = 0.0);
 
+// MLA: writes [c_kv ; k_pe] rows into a latent cache, contiguous [batch, capacity, d_c + d_rope] (with
+// cache_seqlens) or paged [num_blocks, block_size, d_c + d_rope] (with slot_mapping). Exactly one of the two.
+void mla_cache_append(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
+                      const std::optional<at::Tensor>& cache_seqlens = std::nullopt,
+                      const std::optional<at::Tensor>& slot_mapping = std::nullopt);
+
+// MLA absorbed decode: q_latent [batch, seqlen_q, heads, d_c], q_rope [batch, seqlen_q, heads, d_rope] over
+// the latent cache -> out_latent [batch, seqlen_q, heads, d_c], lse [batch, heads, seqlen_q].
+std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope,
+                                              const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
+                                              double scale, const std::optional<at::Tensor>& block_table = std::nullopt,
+                                              bool causal = true);
+
 }  // namespace attn_ops

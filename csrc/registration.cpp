@@ -38,4 +38,13 @@ TORCH_LIBRARY(attn_ops, m) {
   m.def(
       "rotary_embedding_(Tensor(a!) x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=False, "
       "bool inverse=False) -> ()");
+
+  // MLA (DeepSeek-V2/V3): one latent cache row [c_kv ; k_pe] per token, and the absorbed decode over it.
+  // Semantics: docs/mla_api.md.
+  m.def(
+      "mla_cache_append(Tensor(a!) latent_cache, Tensor c_kv, Tensor k_pe, *, Tensor? cache_seqlens=None, "
+      "Tensor? slot_mapping=None) -> ()");
+  m.def(
+      "mla_decode(Tensor q_latent, Tensor q_rope, Tensor latent_cache, Tensor cache_seqlens, *, float scale, "
+      "Tensor? block_table=None, bool causal=True) -> (Tensor out_latent, Tensor lse)");
 }

@@ -15,6 +15,16 @@ The first generates freely; the other two are fed its tokens and their own greed
 at every step (so "all steps agree" means they would have generated the very same tokens). float32
 must agree exactly; in bfloat16 a disagreement is accepted only as a near-tie (the two top logits closer
 than twice that step's logit difference between the runs). Exits 1 on a mismatch.
+
+Then the same for a DeepSeek-style model whose layers are MultiHeadLatentAttention (MLA: low-rank query,
+latent K/V of kv_lora_rank values plus one shared rotary key per token, interleaved RoPE):
+
+  attn_ops LatentKVCache        absorbed MLA over a [c_kv ; k_pe] cache (mla_cache_append, mla_decode)
+  attn_ops PagedLatentKVCache   the same over the paged latent cache
+  plain PyTorch                 no custom op: HF DeepseekV3 eager style, K/V expanded per head with
+                                kv_b_proj into a torch-tensor K/V cache, SDPA with an explicit mask
+
+with the cache bytes per token of the latent cache next to those of the full K/V cache.
 Then one line each compares the attention ops alone with SDPA (prefill and decode shapes).
 
     python examples/demo.py                       # float32, CPU, < 1 minute on 2 cores
@@ -36,7 +46,8 @@ import torch.nn.functional as F
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # in-place build
 import attn_ops  # noqa: E402
-from attn_ops.nn import GroupedQueryAttention, KVCache, PagedKVCache  # noqa: E402
+from attn_ops.nn import (GroupedQueryAttention, KVCache, LatentKVCache,  # noqa: E402
+                         MultiHeadLatentAttention, PagedKVCache, PagedLatentKVCache)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -66,21 +77,24 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, heads, kv_heads, hidden, sliding_window, max_pos):
+    def __init__(self, dim, heads, kv_heads, hidden, sliding_window, max_pos, mla=None):
         super().__init__()
         self.input_layernorm = RMSNorm(dim)
-        self.self_attn = GroupedQueryAttention(dim, heads, kv_heads, sliding_window=sliding_window,
-                                               max_position_embeddings=max_pos)
+        if mla is None:
+            self.self_attn = GroupedQueryAttention(dim, heads, kv_heads, sliding_window=sliding_window,
+                                                   max_position_embeddings=max_pos)
+        else:   # mla: the MultiHeadLatentAttention dims (q_lora_rank, kv_lora_rank, head dims)
+            self.self_attn = MultiHeadLatentAttention(dim, heads, max_position_embeddings=max_pos, **mla)
         self.post_attention_layernorm = RMSNorm(dim)
         self.mlp = SwiGLU(dim, hidden)
 
 
 class DecoderLM(nn.Module):
     def __init__(self, vocab, dim, layers, heads, kv_heads, hidden, sliding_window=None,
-                 max_pos=4096):
+                 max_pos=4096, mla=None):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(Block(dim, heads, kv_heads, hidden, sliding_window, max_pos)
+        self.layers = nn.ModuleList(Block(dim, heads, kv_heads, hidden, sliding_window, max_pos, mla)
                                     for _ in range(layers))
         self.norm = RMSNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
@@ -102,27 +116,39 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rotate_every_two(x):
+    """Interleaved (DeepSeek / GPT-J) pairs (x[2i], x[2i+1]) -> (-x[2i+1], x[2i])."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
 class TorchKVCache:
     """Per layer k/v [B, Hkv, capacity, D] (HF layout); per-row lengths; explicit masks."""
 
-    def __init__(self, num_layers, B, capacity, Hkv, D, dtype, device):
+    def __init__(self, num_layers, B, capacity, Hkv, D, dtype, device, Dv=None):
         self.k = [torch.zeros(B, Hkv, capacity, D, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros_like(t) for t in self.k]
+        self.v = [torch.zeros(B, Hkv, capacity, Dv or D, dtype=dtype, device=device)
+                  for _ in range(num_layers)]
         self.lengths = torch.zeros(B, dtype=torch.long, device=device)
         self.max_len = 0          # host-side max of lengths, for slicing
         self.num_layers = num_layers
 
-    def attend(self, layer, m: GroupedQueryAttention, x):
+    def qkv(self, m: GroupedQueryAttention, x, pos):
+        """HF Llama: q [B, H, T, D], k / v [B, Hkv, T, D], rotate_half RoPE."""
         B, T, _ = x.shape
         H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
         q = m.q_proj(x).view(B, T, H, D).transpose(1, 2)
         k = m.k_proj(x).view(B, T, Hkv, D).transpose(1, 2)
         v = m.v_proj(x).view(B, T, Hkv, D).transpose(1, 2)
-        pos = self.lengths[:, None] + torch.arange(T, device=x.device)        # [B, T]
         cos = torch.cat([m.rope_cos[pos]] * 2, -1).unsqueeze(1).to(x.dtype)    # HF: cast to dtype
         sin = torch.cat([m.rope_sin[pos]] * 2, -1).unsqueeze(1).to(x.dtype)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        return q, k, v
+
+    def attend(self, layer, m, x):
+        B, T, _ = x.shape
+        pos = self.lengths[:, None] + torch.arange(T, device=x.device)        # [B, T]
+        q, k, v = self.qkv(m, x, pos)
         if T > 1:   # prefill into empty rows (right-padded prompts)
             self.k[layer][:, :, :T] = k
             self.v[layer][:, :, :T] = v
@@ -133,14 +159,16 @@ class TorchKVCache:
         S = self.max_len + T
         j = torch.arange(S, device=x.device)
         visible = (j <= pos[:, :, None]) & (j < (self.lengths + T)[:, None, None])  # [B, T, S]
-        if m.sliding_window is not None:
-            visible &= j > pos[:, :, None] - m.sliding_window
+        window = getattr(m, "sliding_window", None)
+        if window is not None:
+            visible &= j > pos[:, :, None] - window
         out = F.scaled_dot_product_attention(q, self.k[layer][:, :, :S], self.v[layer][:, :, :S],
-                                             attn_mask=visible[:, None], enable_gqa=True)
+                                             attn_mask=visible[:, None], enable_gqa=True,
+                                             scale=getattr(m, "softmax_scale", None))
         if layer == self.num_layers - 1:
             self.lengths += T
             self.max_len += T
-        return m.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
+        return m.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def truncate(self, lens):
         self.lengths.copy_(lens)
@@ -149,6 +177,32 @@ class TorchKVCache:
     @property
     def nbytes(self):
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @property
+    def bytes_per_token(self):
+        return sum(t.shape[1] * t.shape[3] * t.element_size() for t in self.k + self.v)
+
+
+class TorchMLACache(TorchKVCache):
+    """HF DeepseekV3Attention (eager) over a full K/V cache: k_nope / v expanded per head with
+    kv_b_proj, k_pe broadcast over the heads; k [B, H, capacity, nope + rope], v [B, H, capacity, v]."""
+
+    def qkv(self, m: MultiHeadLatentAttention, x, pos):
+        B, T, _ = x.shape
+        H, nope, rope, dv = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        q = m.q_proj(x) if m.q_lora_rank is None else m.q_b_proj(m.q_a_layernorm(m.q_a_proj(x)))
+        q_nope, q_pe = q.view(B, T, H, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
+        c_kv, k_pe = m.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, rope], dim=-1)
+        kv = m.kv_b_proj(m.kv_a_layernorm(c_kv)).view(B, T, H, nope + dv).transpose(1, 2)
+        k_nope, v = kv.split([nope, dv], dim=-1)
+        k_pe = k_pe.view(B, 1, T, rope)
+        cos = m.rope_cos[pos].repeat_interleave(2, -1).unsqueeze(1).to(x.dtype)
+        sin = m.rope_sin[pos].repeat_interleave(2, -1).unsqueeze(1).to(x.dtype)
+        q_pe = q_pe * cos + rotate_every_two(q_pe) * sin
+        k_pe = k_pe * cos + rotate_every_two(k_pe) * sin
+        q = torch.cat((q_nope, q_pe), dim=-1)
+        k = torch.cat((k_nope, k_pe.expand(B, H, T, rope)), dim=-1)
+        return q, k, v
 
 
 # --------------------------------------------------------------------------------------------------
@@ -161,22 +215,31 @@ def sync(device):
 
 def generate(model, kind, prompts, lens, new_tokens, args, feed=None):
     """Greedy generation. Returns (tokens [B, new_tokens] it fed, its own argmax per step,
-    logits per step [new_tokens, B, V] (float32), prefill s, decode s, cache bytes).
+    logits per step [new_tokens, B, V] (float32), prefill s, decode s, cache bytes, bytes per token).
     feed: tokens [B, new_tokens] to feed instead of its own choices (teacher forcing)."""
     B, P = prompts.shape
     dev, dtype = prompts.device, model.lm_head.weight.dtype
     cfg = model.layers[0].self_attn
-    L, Hkv, D = len(model.layers), cfg.num_kv_heads, cfg.head_dim
+    L = len(model.layers)
     cap = P + new_tokens
+    bs = args.block_size
+    nb = -(-cap // bs)
     if kind == "kvcache":
-        cache = KVCache(L, B, cap, Hkv, D, dtype=dtype, device=dev)
+        cache = KVCache(L, B, cap, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=dev)
     elif kind == "paged":
-        bs = args.block_size
-        cache = PagedKVCache(L, B * -(-cap // bs), bs, Hkv, D, B, -(-cap // bs), dtype=dtype,
+        cache = PagedKVCache(L, B * nb, bs, cfg.num_kv_heads, cfg.head_dim, B, nb, dtype=dtype,
                              device=dev)
-    else:
-        cache = TorchKVCache(L, B, cap, Hkv, D, dtype, dev)
-    if kind == "torch":
+    elif kind == "torch":
+        cache = TorchKVCache(L, B, cap, cfg.num_kv_heads, cfg.head_dim, dtype, dev)
+    elif kind == "latent":
+        cache = LatentKVCache(L, B, cap, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dtype=dtype, device=dev)
+    elif kind == "latent_paged":
+        cache = PagedLatentKVCache(L, B * nb, bs, cfg.kv_lora_rank, cfg.qk_rope_head_dim, B, nb,
+                                   dtype=dtype, device=dev)
+    else:   # "torch_mla"
+        cache = TorchMLACache(L, B, cap, cfg.num_heads, cfg.qk_head_dim, dtype, dev, Dv=cfg.v_head_dim)
+    paged = hasattr(cache, "reserve")
+    if isinstance(cache, TorchKVCache):
         attend = cache.attend
     else:
         def attend(i, m, x):
@@ -197,7 +260,7 @@ def generate(model, kind, prompts, lens, new_tokens, args, feed=None):
     with torch.no_grad():
         sync(dev.type)
         t0 = time.perf_counter()
-        if kind == "paged":
+        if paged:
             cache.reserve(P)
         h = model(prompts, attend)                 # right-padded prefill
         cache.truncate(lens)                        # drop the padding from each row
@@ -205,17 +268,17 @@ def generate(model, kind, prompts, lens, new_tokens, args, feed=None):
         sync(dev.type)
         t1 = time.perf_counter()
         for _ in range(new_tokens - 1):
-            if kind == "paged":
+            if paged:
                 cache.reserve(1)
             h = model(tok[:, None], attend)
             tok = pick(h[:, -1])
         sync(dev.type)
         t2 = time.perf_counter()
     return (torch.stack(fed, 1), torch.stack(own, 1), torch.stack(logits_all), t1 - t0, t2 - t1,
-            cache.nbytes)
+            cache.nbytes, cache.bytes_per_token)
 
 
-def compare(name, lead, other, dtype):
+def compare(name, lead, other, dtype, lead_name="attn_ops KVCache"):
     """Check other's greedy choices against the tokens lead generated (and fed to other)."""
     tokens, _, lead_logits = lead[0], lead[1], lead[2]
     own, logits = other[1], other[2]
@@ -230,7 +293,7 @@ def compare(name, lead, other, dtype):
     n = equal.numel()
     line = (f"  {name:<30} same greedy token at {int(equal.sum())}/{n} steps"
             + (f" ({int(near_tie.sum())} near-ties)" if int(near_tie.sum()) else "")
-            + f", max|logits - attn_ops KVCache| / max|logits| = {rel:.1e}  "
+            + f", max|logits - {lead_name}| / max|logits| = {rel:.1e}  "
             + ("OK" if ok else "MISMATCH"))
     if not ok:
         b, s = (~(equal | near_tie)).nonzero()[0].tolist()
@@ -294,6 +357,32 @@ def ops_vs_sdpa(args, dtype, Hq, Hkv, D):
 
 
 # --------------------------------------------------------------------------------------------------
+def run_generation(model, kinds, names, prompts, lens, args, dtype):
+    """Warm up, generate with kinds[0], feed its tokens to the others; print the table and the checks.
+    Returns (ok, runs)."""
+    B, P = prompts.shape
+    N = args.new_tokens
+    for kind in kinds:  # warm-up (first-call costs: thread pools, allocator)
+        generate(model, kind, prompts[:, :8], torch.full_like(lens, 8), 3, args)
+    lead = kinds[0]
+    runs = {lead: generate(model, lead, prompts, lens, N, args)}
+    feed = runs[lead][0]
+    for kind in kinds[1:]:
+        runs[kind] = generate(model, kind, prompts, lens, N, args, feed=feed)
+    print(f"  {'':<36} {'prefill tok/s':>14} {'decode tok/s':>13} {'cache MB':>9} {'cache B/token':>14}")
+    for kind, r in runs.items():
+        prefill_tps = B * P / r[3]
+        decode_tps = B * (N - 1) / r[4] if N > 1 else float("nan")
+        print(f"  {names[kind]:<36} {prefill_tps:14.0f} {decode_tps:13.1f} {r[5] / 2**20:9.1f} {r[6]:14d}")
+    t_ref, t_ours = runs[kinds[-1]][4], runs[lead][4]
+    print(f"  decode speed, {names[lead]} / {names[kinds[-1]]}: {t_ref / t_ours:.2f}x")
+    ok = True
+    for kind in kinds[1:]:
+        ok &= compare(names[kind], runs[lead], runs[kind], dtype, lead_name=names[lead])
+    print(f"  row 0 generated: {feed[0, :12].tolist()} ...\n")
+    return ok, runs
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -308,7 +397,12 @@ def main() -> int:
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--mlp-hidden", type=int, default=1408)
     p.add_argument("--sliding-window", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16, help="PagedKVCache block size")
+    p.add_argument("--block-size", type=int, default=16, help="paged caches' block size")
+    p.add_argument("--mla-q-lora-rank", type=int, default=192, help="MLA model: 0 for no q compression")
+    p.add_argument("--mla-kv-lora-rank", type=int, default=128)
+    p.add_argument("--mla-nope-dim", type=int, default=32)
+    p.add_argument("--mla-rope-dim", type=int, default=16)
+    p.add_argument("--mla-v-dim", type=int, default=32)
     p.add_argument("--op-prefill-len", type=int, default=1024)
     p.add_argument("--op-cache-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
@@ -325,38 +419,42 @@ def main() -> int:
     attn = model.layers[0].self_attn
     print(f"attn_ops {attn_ops.__version__}, torch {torch.__version__}, device {args.device}, "
           f"{torch.get_num_threads()} threads, {args.dtype}")
-    print(f"model: vocab {args.vocab}, dim {args.dim}, {args.layers} layers, {attn.num_heads} query heads / "
+    print(f"batch {B}, prompt lengths {lens.tolist()} (right-padded to {P}), {N} new tokens per row, "
+          f"greedy\n")
+    print(f"GQA model: vocab {args.vocab}, dim {args.dim}, {args.layers} layers, {attn.num_heads} query heads / "
           f"{attn.num_kv_heads} KV heads (head dim {attn.head_dim}), SwiGLU {args.mlp_hidden}, "
           f"{nparams / 1e6:.1f}M parameters"
           + (f", sliding window {args.sliding_window}" if args.sliding_window else ""))
-    print(f"batch {B}, prompt lengths {lens.tolist()} (right-padded to {P}), {N} new tokens per row, "
-          f"greedy\n")
-
-    # warm-up (first-call costs: thread pools, allocator)
-    for kind in ("kvcache", "paged", "torch"):
-        generate(model, kind, prompts[:, :8], torch.full_like(lens, 8), 3, args)
-
-    runs = {}
-    runs["kvcache"] = generate(model, "kvcache", prompts, lens, N, args)
-    feed = runs["kvcache"][0]
-    runs["paged"] = generate(model, "paged", prompts, lens, N, args, feed=feed)
-    runs["torch"] = generate(model, "torch", prompts, lens, N, args, feed=feed)
-
     names = {"kvcache": "attn_ops KVCache", "paged": f"attn_ops PagedKVCache(bs={args.block_size})",
              "torch": "plain PyTorch (SDPA, no op)"}
-    print(f"  {'':<32} {'prefill tok/s':>14} {'decode tok/s':>13} {'KV cache MB':>12}")
-    for kind, r in runs.items():
-        prefill_tps = B * P / r[3]
-        decode_tps = B * (N - 1) / r[4] if N > 1 else float("nan")
-        print(f"  {names[kind]:<32} {prefill_tps:14.0f} {decode_tps:13.1f} {r[5] / 2**20:12.1f}")
-    t_ref, t_ours = runs["torch"][4], runs["kvcache"][4]
-    print(f"  decode speed, attn_ops KVCache / plain PyTorch: {t_ref / t_ours:.2f}x\n")
+    ok, _ = run_generation(model, ["kvcache", "paged", "torch"], names, prompts, lens, args, dtype)
 
-    ok = compare(names["paged"], runs["kvcache"], runs["paged"], dtype)
-    ok &= compare(names["torch"], runs["kvcache"], runs["torch"], dtype)
-    print(f"  row 0 generated: {feed[0, :12].tolist()} ...\n")
+    # ---- the MLA (DeepSeek-style) model: same skeleton, MultiHeadLatentAttention layers ----------
+    mla = dict(q_lora_rank=args.mla_q_lora_rank or None, kv_lora_rank=args.mla_kv_lora_rank,
+               qk_nope_head_dim=args.mla_nope_dim, qk_rope_head_dim=args.mla_rope_dim,
+               v_head_dim=args.mla_v_dim)
+    torch.manual_seed(args.seed + 1)
+    mla_model = DecoderLM(args.vocab, args.dim, args.layers, args.heads, None, args.mlp_hidden,
+                          max_pos=max(4096, P + N), mla=mla).to(dev, dtype).eval()
+    m = mla_model.layers[0].self_attn
+    nparams = sum(p.numel() for p in mla_model.parameters())
+    print(f"MLA model: vocab {args.vocab}, dim {args.dim}, {args.layers} layers, {m.num_heads} heads, "
+          f"q_lora_rank {m.q_lora_rank}, kv_lora_rank {m.kv_lora_rank}, head dims nope {m.qk_nope_head_dim} "
+          f"+ rope {m.qk_rope_head_dim} / v {m.v_head_dim}, SwiGLU {args.mlp_hidden}, "
+          f"{nparams / 1e6:.1f}M parameters")
+    names = {"latent": "attn_ops LatentKVCache (absorbed)",
+             "latent_paged": f"attn_ops PagedLatentKVCache(bs={args.block_size})",
+             "torch_mla": "plain PyTorch (expanded K/V, SDPA)"}
+    mla_ok, runs = run_generation(mla_model, ["latent", "latent_paged", "torch_mla"], names, prompts,
+                                  lens, args, dtype)
+    ok &= mla_ok
+    latent_bpt, full_bpt = runs["latent"][6], runs["torch_mla"][6]
+    el = torch.finfo(dtype).bits // 8
+    print(f"  cache per token: latent {latent_bpt} B ({args.layers} layers x (kv_lora_rank {m.kv_lora_rank} + "
+          f"rope {m.qk_rope_head_dim}) x {el} B) vs full K/V {full_bpt} B ({args.layers} x {m.num_heads} heads "
+          f"x ({m.qk_head_dim} + {m.v_head_dim}) x {el} B): {full_bpt / latent_bpt:.1f}x smaller\n")
 
-    print("the ops alone vs F.scaled_dot_product_attention (enable_gqa=True), model head shapes:")
+    print("the ops alone vs F.scaled_dot_product_attention (enable_gqa=True), GQA model head shapes:")
     ok &= ops_vs_sdpa(args, dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim)
 
     print("\nall checks passed" if ok else "\nFAILED: attn_ops disagrees with plain PyTorch")

@@ -3,15 +3,13 @@ attention_backward, plus nasty inputs that must give a clean RuntimeError or a c
 (never a crash: they are first run in a child process, so a crash fails only its own case).
 """
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import attn_ops
+import crash_isolation
 from reference import assert_close_to_ref, attention_ref, cu_seqlens, ref_kwargs
 
 FNS = ["attention", "attention_backward"]
@@ -532,53 +530,10 @@ NASTY = {
     "cu_noncontiguous": _noncontiguous_cu,
 }
 
-_CHILD = r"""
-import sys
-sys.path[:0] = {paths!r}
-import test_attention_errors as t
-for name in {names!r}:
-    print("START " + name, flush=True)
-    try:
-        t.NASTY[name]()
-    except BaseException:
-        pass
-    print("DONE " + name, flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def crash_report():
-    """Run every nasty case in child processes; name -> None, or a description of the crash."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    paths = [here] + [p for p in sys.path if p != here]
-    report, todo = {}, list(NASTY)
-    for _ in range(len(NASTY)):
-        if not todo:
-            break
-        script = _CHILD.format(paths=paths, names=todo)
-        try:
-            p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               timeout=300, cwd=os.getcwd())
-            stdout, rc = p.stdout, p.returncode
-        except subprocess.TimeoutExpired as e:
-            stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            rc = "timeout (300 s)"
-        done = [ln[5:] for ln in stdout.splitlines() if ln.startswith("DONE ")]
-        started = [ln[6:] for ln in stdout.splitlines() if ln.startswith("START ")]
-        for n in done:
-            report[n] = None
-        if rc == 0 and len(done) == len(todo):
-            break
-        if len(started) > len(done):
-            bad = started[-1]
-            report[bad] = f"child process died while running it (exit status {rc})"
-        else:   # died before starting anything (import error, ...): report for all
-            for n in todo:
-                if n not in report:
-                    report[n] = f"child process failed before running it (exit status {rc})"
-            break
-        todo = [n for n in todo if n not in report]
-    return report
+    """Every case of NASTY run in child processes first: name -> None, or how the process died."""
+    return crash_isolation.crash_report("test_attention_errors", "NASTY", NASTY, timeout=300)
 
 
 @pytest.mark.parametrize("name", list(NASTY))

@@ -3,17 +3,25 @@
 * :class:`GroupedQueryAttention`, :class:`MultiQueryAttention`, :class:`MultiHeadAttention`: causal
   self-attention with RoPE and HuggingFace-style projections (``q_proj``/``k_proj``/``v_proj``/
   ``o_proj``), for training (differentiable) and cached inference.
+* :class:`MultiHeadLatentAttention`: DeepSeek-V2/V3 multi-head latent attention (HuggingFace
+  ``DeepseekV3Attention`` parameter names), expanded K/V for training, absorbed form over a latent
+  cache for inference.
 * :class:`KVCache` (contiguous) and :class:`PagedKVCache` (paged, with a block allocator): the caches
-  a multi-layer model passes to every attention layer during generation.
+  a multi-layer model passes to every attention layer during generation; :class:`LatentKVCache` and
+  :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token).
 """
 from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
-from .cache import KVCache, OutOfBlocksError, PagedKVCache
+from .cache import KVCache, LatentKVCache, OutOfBlocksError, PagedKVCache, PagedLatentKVCache
+from .mla import MultiHeadLatentAttention
 
 __all__ = [
     "GroupedQueryAttention",
     "MultiQueryAttention",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "KVCache",
     "PagedKVCache",
+    "LatentKVCache",
+    "PagedLatentKVCache",
     "OutOfBlocksError",
 ]

@@ -1,14 +1,19 @@
 """KV caches for the attention modules of :mod:`attn_ops.nn` (inference).
 
-Two cache objects hold the keys and values of every layer of a model plus one ``int32`` length per
+The cache objects hold the keys and values of every layer of a model plus one ``int32`` length per
 batch row (``seqlens``):
 
 * :class:`KVCache` -- contiguous: per layer ``k [batch, capacity, Hkv, D]`` / ``v [.., Dv]``.
 * :class:`PagedKVCache` -- paged (vLLM layout): per layer ``k [num_blocks, block_size, Hkv, D]``,
   a ``block_table`` ``int32 [max_batch, max_blocks_per_seq]`` mapping each row's logical blocks to
   physical ones, and a host-side free-block allocator (:meth:`PagedKVCache.reserve`).
+* :class:`LatentKVCache` / :class:`PagedLatentKVCache` -- the same two layouts for multi-head latent
+  attention (:class:`attn_ops.nn.MultiHeadLatentAttention`): one row ``[c_kv ; k_pe]`` of
+  ``kv_lora_rank + rope_dim`` values per token and layer, shared by all heads (per layer
+  ``latent [batch, capacity, d_c + d_rope]`` or ``[num_blocks, block_size, d_c + d_rope]``).
 
-How a step works (what :class:`attn_ops.nn.GroupedQueryAttention` does with a cache): every layer
+How a step works (what :class:`attn_ops.nn.GroupedQueryAttention` does with a cache; the MLA module
+does the same with ``[c_kv ; k_pe]`` instead of ``k`` / ``v``): every layer
 ``l`` rotates its new ``q`` / ``k`` at positions ``seqlens[b] + t``, appends ``k`` / ``v`` at row ``b``'s
 current length (:meth:`append`), attends over ``seqlens + T`` keys (:meth:`attend`), and the layer with
 ``layer_idx == num_layers - 1`` then advances ``seqlens`` by ``T`` (:meth:`advance`). So one model
@@ -18,7 +23,7 @@ ops itself calls :meth:`advance` after its last layer.
 Everything the modules call (``positions``, ``slot_mapping``, ``append``, ``attend``, ``advance``) is
 tensor ops on the ``int32`` lengths (in place), with no ``.item()`` and no data-dependent Python branch,
 so a decode step traces under ``torch.compile(fullgraph=True)``. The host-side methods (``reset``,
-``free_rows``, ``truncate``, ``lengths``, ``PagedKVCache.reserve``) run between steps, outside compiled
+``free_rows``, ``truncate``, ``lengths``, ``reserve`` of the paged caches) run between steps, outside compiled
 code; ``truncate`` and ``reserve`` read the lengths back to the host.
 
 Every forward writes ``T`` tokens into each of its ``B`` rows (rows ``0 .. B-1`` of the cache, ``B`` may be
@@ -32,26 +37,43 @@ tensors created under ``torch.inference_mode()`` cannot be modified outside it).
 from __future__ import annotations
 
 import collections
-from typing import List, Optional, Sequence, Union
+import math
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .. import ops as _ops
 
-__all__ = ["KVCache", "PagedKVCache", "OutOfBlocksError"]
+__all__ = ["KVCache", "PagedKVCache", "LatentKVCache", "PagedLatentKVCache", "OutOfBlocksError"]
 
 Rows = Union[int, Sequence[int], Tensor]
 
 
 class OutOfBlocksError(RuntimeError):
-    """:meth:`PagedKVCache.reserve` found fewer free blocks than the next tokens need."""
+    """``reserve`` of a paged cache found fewer free blocks than the next tokens need."""
 
 
 def _check_positive(name: str, value: int, minimum: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _per_layer(num_layers: int, shape: Tuple[int, ...], dtype: torch.dtype, device) -> List[Tensor]:
+    """``num_layers`` zero tensors of ``shape`` (separate allocations, so compiled code never sees
+    aliased inputs)."""
+    return [torch.zeros(*shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, head_dim: int,
+                     head_dim_v: Optional[int], dtype: torch.dtype, device) -> Tuple[List[Tensor], List[Tensor]]:
+    """One K and one V tensor per layer, ``[*rows, num_kv_heads, head_dim(_v)]``."""
+    _check_positive("num_kv_heads", num_kv_heads)
+    _check_positive("head_dim", head_dim)
+    head_dim_v = head_dim if head_dim_v is None else _check_positive("head_dim_v", head_dim_v)
+    return (_per_layer(num_layers, (*rows, num_kv_heads, head_dim), dtype, device),
+            _per_layer(num_layers, (*rows, num_kv_heads, head_dim_v), dtype, device))
 
 
 def _rows_view(t: Tensor, batch_size: int) -> Tensor:
@@ -72,12 +94,15 @@ def _row_list(rows: Rows, n: int, what: str) -> List[int]:
 
 
 class _CacheBase:
-    """What both caches share: lengths, positions, advancing, host-side length management."""
+    """What every cache shares: lengths, positions, advancing, host-side length management, sizes.
+    Subclasses hold their per-layer storage tensors (``[rows, slots, *per_token]``) and list them in
+    :meth:`_storage`."""
 
     num_layers: int
     seqlens: Tensor  # int32 [rows]; the live lengths (modified in place)
-    k: List[Tensor]
-    v: List[Tensor]
+
+    def _storage(self) -> List[Tensor]:
+        raise NotImplementedError
 
     # ---- used inside a (possibly compiled) forward: tensor ops only -------------------------
     def positions(self, batch_size: int, num_tokens: int) -> Tensor:
@@ -128,21 +153,36 @@ class _CacheBase:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the key/value storage of all layers (the lengths and block table not counted)."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        """Bytes of the cache storage of all layers (the lengths and block table not counted)."""
+        return sum(t.numel() * t.element_size() for t in self._storage())
 
     @property
     def bytes_per_token(self) -> int:
-        """Key/value bytes one token takes over all layers."""
-        return sum(t.shape[-2] * t.shape[-1] * t.element_size() for t in self.k + self.v)
+        """Cache bytes one token takes over all layers."""
+        return sum(math.prod(t.shape[2:]) * t.element_size() for t in self._storage())
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.k[0].dtype
+        return self._storage()[0].dtype
 
     @property
     def device(self) -> torch.device:
-        return self.k[0].device
+        return self._storage()[0].device
+
+    def _check_layer(self, layer_idx: int) -> None:
+        if not 0 <= layer_idx < self.num_layers:
+            raise IndexError(f"{type(self).__name__}: layer_idx {layer_idx} is out of range "
+                             f"[0, {self.num_layers})")
+
+
+class _KVCacheBase(_CacheBase):
+    """Storage of the K/V caches: per layer one K and one V tensor."""
+
+    k: List[Tensor]
+    v: List[Tensor]
+
+    def _storage(self) -> List[Tensor]:
+        return self.k + self.v
 
     @property
     def num_kv_heads(self) -> int:
@@ -156,13 +196,8 @@ class _CacheBase:
     def head_dim_v(self) -> int:
         return self.v[0].shape[-1]
 
-    def _check_layer(self, layer_idx: int) -> None:
-        if not 0 <= layer_idx < self.num_layers:
-            raise IndexError(f"{type(self).__name__}: layer_idx {layer_idx} is out of range "
-                             f"[0, {self.num_layers})")
 
-
-class KVCache(_CacheBase):
+class KVCache(_KVCacheBase):
     """Contiguous KV cache: per layer ``k [batch_size, capacity, Hkv, D]``, ``v [.., Dv]`` (one
     allocation per layer and per tensor), and ``seqlens`` (``int32 [batch_size]``).
 
@@ -184,14 +219,8 @@ class KVCache(_CacheBase):
         self.num_layers = _check_positive("num_layers", num_layers)
         self.batch_size = _check_positive("batch_size", batch_size)
         self._capacity = _check_positive("capacity", capacity)
-        _check_positive("num_kv_heads", num_kv_heads)
-        _check_positive("head_dim", head_dim)
-        head_dim_v = head_dim if head_dim_v is None else _check_positive("head_dim_v", head_dim_v)
-        kw = dict(dtype=dtype, device=device)
-        self.k = [torch.zeros(batch_size, capacity, num_kv_heads, head_dim, **kw)
-                  for _ in range(num_layers)]
-        self.v = [torch.zeros(batch_size, capacity, num_kv_heads, head_dim_v, **kw)
-                  for _ in range(num_layers)]
+        self.k, self.v = _allocate_layers(num_layers, (batch_size, capacity), num_kv_heads, head_dim,
+                                          head_dim_v, dtype, device)
         self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
 
     @property
@@ -226,39 +255,17 @@ class KVCache(_CacheBase):
                 f"nbytes={self.nbytes})")
 
 
-class PagedKVCache(_CacheBase):
-    """Paged KV cache (vLLM layout) with a host-side block allocator.
+class _PagedBase(_CacheBase):
+    """The paged layout shared by :class:`PagedKVCache` and :class:`PagedLatentKVCache`: the block
+    table, the host-side block allocator and the slot mapping (see :class:`PagedKVCache`)."""
 
-    Per layer ``k [num_blocks, block_size, Hkv, D]`` / ``v [.., Dv]``; ``block_table``
-    (``int32 [max_batch, max_blocks_per_seq]``): token ``p`` of row ``b`` lives in block
-    ``block_table[b, p // block_size]`` at offset ``p % block_size``; entries not assigned hold
-    ``num_blocks`` (out of range, so an append the allocator did not reserve for raises the op's
-    ``RuntimeError`` and writes nothing). All layers share one block table.
-
-    Before each step (outside compiled code) call :meth:`reserve` with the number of tokens the step
-    adds; it assigns the blocks the rows need, round-robin over the rows (row 0's next block, row 1's
-    next block, ...), so rows that grow together get interleaved, non-contiguous blocks. Freed blocks
-    go to the back of the free list. Raises :class:`OutOfBlocksError` (a ``RuntimeError``) when the free
-    blocks do not suffice, and ``RuntimeError`` when a row would need more than ``max_blocks_per_seq``
-    blocks; in both cases nothing is assigned.
-    """
-
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, max_batch: int, max_blocks_per_seq: int, *,
-                 head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None):
+    def _init_paged(self, num_layers: int, num_blocks: int, block_size: int, max_batch: int,
+                    max_blocks_per_seq: int, device) -> None:
         self.num_layers = _check_positive("num_layers", num_layers)
         self.num_blocks = _check_positive("num_blocks", num_blocks)
         self.block_size = _check_positive("block_size", block_size)
         self.max_batch = _check_positive("max_batch", max_batch)
         self.max_blocks_per_seq = _check_positive("max_blocks_per_seq", max_blocks_per_seq)
-        _check_positive("num_kv_heads", num_kv_heads)
-        _check_positive("head_dim", head_dim)
-        head_dim_v = head_dim if head_dim_v is None else _check_positive("head_dim_v", head_dim_v)
-        kw = dict(dtype=dtype, device=device)
-        self.k = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, **kw)
-                  for _ in range(num_layers)]
-        self.v = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim_v, **kw)
-                  for _ in range(num_layers)]
         self.seqlens = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self.block_table = torch.full((max_batch, max_blocks_per_seq), num_blocks, dtype=torch.int32,
                                       device=device)
@@ -296,25 +303,25 @@ class PagedKVCache(_CacheBase):
         else:
             counts = [int(c) for c in torch.as_tensor(num_new_tokens).reshape(-1).tolist()]
             if len(counts) > self.max_batch:
-                raise ValueError(f"PagedKVCache.reserve: got {len(counts)} counts for a cache of "
+                raise ValueError(f"{type(self).__name__}.reserve: got {len(counts)} counts for a cache of "
                                  f"{self.max_batch} rows")
             counts += [0] * (self.max_batch - len(counts))
         if any(c < 0 for c in counts):
-            raise ValueError(f"PagedKVCache.reserve: token counts must be >= 0, got {counts}")
+            raise ValueError(f"{type(self).__name__}.reserve: token counts must be >= 0, got {counts}")
         lengths = self.seqlens.tolist()
         need = []
         for b, (n, L) in enumerate(zip(counts, lengths)):
             blocks = -(-(L + n) // self.block_size) if n > 0 else 0
             if blocks > self.max_blocks_per_seq:
                 raise RuntimeError(
-                    f"PagedKVCache.reserve: row {b} would hold {L + n} tokens, more than its capacity "
+                    f"{type(self).__name__}.reserve: row {b} would hold {L + n} tokens, more than its capacity "
                     f"{self.capacity} (max_blocks_per_seq {self.max_blocks_per_seq} x block_size "
                     f"{self.block_size})")
             need.append(max(0, blocks - len(self._row_blocks[b])))
         total = sum(need)
         if total > len(self._free):
             raise OutOfBlocksError(
-                f"PagedKVCache.reserve: out of KV-cache blocks: the next tokens need {total} more "
+                f"{type(self).__name__}.reserve: out of KV-cache blocks: the next tokens need {total} more "
                 f"blocks of {self.block_size} tokens, {len(self._free)} of {self.num_blocks} are free "
                 f"(free finished rows with free_rows(), or make num_blocks larger)")
         if total == 0:
@@ -329,7 +336,7 @@ class PagedKVCache(_CacheBase):
     def free_rows(self, rows: Rows) -> None:
         """Empty the given rows and return their blocks to the free list (reserve again before a
         row takes part in another step)."""
-        idx = _row_list(rows, self.max_batch, "PagedKVCache.free_rows")
+        idx = _row_list(rows, self.max_batch, f"{type(self).__name__}.free_rows")
         for b in idx:
             self._free.extend(self._row_blocks[b])
             self._row_blocks[b] = []
@@ -376,6 +383,31 @@ class PagedKVCache(_CacheBase):
         blk = torch.where(blk_idx < self.max_blocks_per_seq, blk, self.num_blocks)
         return (blk * self.block_size + offset).reshape(-1)
 
+
+class PagedKVCache(_PagedBase, _KVCacheBase):
+    """Paged KV cache (vLLM layout) with a host-side block allocator.
+
+    Per layer ``k [num_blocks, block_size, Hkv, D]`` / ``v [.., Dv]``; ``block_table``
+    (``int32 [max_batch, max_blocks_per_seq]``): token ``p`` of row ``b`` lives in block
+    ``block_table[b, p // block_size]`` at offset ``p % block_size``; entries not assigned hold
+    ``num_blocks`` (out of range, so an append the allocator did not reserve for raises the op's
+    ``RuntimeError`` and writes nothing). All layers share one block table.
+
+    Before each step (outside compiled code) call :meth:`reserve` with the number of tokens the step
+    adds; it assigns the blocks the rows need, round-robin over the rows (row 0's next block, row 1's
+    next block, ...), so rows that grow together get interleaved, non-contiguous blocks. Freed blocks
+    go to the back of the free list. Raises :class:`OutOfBlocksError` (a ``RuntimeError``) when the free
+    blocks do not suffice, and ``RuntimeError`` when a row would need more than ``max_blocks_per_seq``
+    blocks; in both cases nothing is assigned.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, max_batch: int, max_blocks_per_seq: int, *,
+                 head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None):
+        self._init_paged(num_layers, num_blocks, block_size, max_batch, max_blocks_per_seq, device)
+        self.k, self.v = _allocate_layers(num_layers, (num_blocks, block_size), num_kv_heads, head_dim,
+                                          head_dim_v, dtype, device)
+
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` after the current
         lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
@@ -402,3 +434,119 @@ class PagedKVCache(_CacheBase):
                 f"head_dim={self.head_dim}, max_batch={self.max_batch}, "
                 f"max_blocks_per_seq={self.max_blocks_per_seq}, dtype={self.dtype}, "
                 f"device={self.device}, free_blocks={self.num_free_blocks})")
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi-head latent attention (DeepSeek-V2/V3 MLA): one [c_kv ; k_pe] row per token and layer
+# --------------------------------------------------------------------------------------------------
+class _LatentCacheBase(_CacheBase):
+    """Storage of the MLA caches: per layer one tensor whose rows are ``[c_kv ; k_pe]``
+    (``kv_lora_rank + rope_dim`` values per token, shared by all heads; docs/mla_api.md)."""
+
+    latent: List[Tensor]
+    _kv_lora_rank: int
+
+    def _init_latent(self, rows: Tuple[int, int], kv_lora_rank: int, rope_dim: int,
+                     dtype: torch.dtype, device) -> None:
+        self._kv_lora_rank = _check_positive("kv_lora_rank", kv_lora_rank)
+        _check_positive("rope_dim", rope_dim)
+        self.latent = _per_layer(self.num_layers, (*rows, kv_lora_rank + rope_dim), dtype, device)
+
+    def _storage(self) -> List[Tensor]:
+        return self.latent
+
+    @property
+    def kv_lora_rank(self) -> int:
+        """``d_c``: the first ``d_c`` values of a row are ``c_kv`` (keys and values in latent space)."""
+        return self._kv_lora_rank
+
+    @property
+    def rope_dim(self) -> int:
+        """``d_rope``: the last values of a row are the rotated, head-shared ``k_pe``."""
+        return self.latent[0].shape[-1] - self._kv_lora_rank
+
+    def _repr_dims(self) -> str:
+        return (f"kv_lora_rank={self.kv_lora_rank}, rope_dim={self.rope_dim}, dtype={self.dtype}, "
+                f"device={self.device}, bytes_per_token={self.bytes_per_token}")
+
+
+class LatentKVCache(_LatentCacheBase):
+    """Contiguous MLA cache: per layer ``latent [batch_size, capacity, kv_lora_rank + rope_dim]``
+    (row ``[c_kv ; k_pe]``: the normalized latent ``c_kv`` and the rotated ``k_pe`` of each token) and
+    ``seqlens`` (``int32 [batch_size]``), used by :class:`attn_ops.nn.MultiHeadLatentAttention`.
+
+    ``bytes_per_token`` is ``num_layers * (kv_lora_rank + rope_dim) * element_size``, against
+    ``num_layers * num_heads * (qk_nope + qk_rope + v_head_dim) * element_size`` for a K/V cache of the
+    expanded heads (576 vs 40960 values per layer at DeepSeek-V3 size). Lengths, ``advance``,
+    ``truncate``, ``free_rows``, ``reset`` as :class:`KVCache`.
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, capacity: int, kv_lora_rank: int,
+                 rope_dim: int, dtype: torch.dtype = torch.float32, device=None):
+        self.num_layers = _check_positive("num_layers", num_layers)
+        self.batch_size = _check_positive("batch_size", batch_size)
+        self._capacity = _check_positive("capacity", capacity)
+        self._init_latent((batch_size, capacity), kv_lora_rank, rope_dim, dtype, device)
+        self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens each row can hold."""
+        return self._capacity
+
+    def append(self, layer_idx: int, c_kv: Tensor, k_pe: Tensor) -> None:
+        """Write ``c_kv [B, T, d_c]`` / ``k_pe [B, T, d_rope]`` of layer ``layer_idx`` at the current
+        lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
+        self._check_layer(layer_idx)
+        B = c_kv.shape[0]
+        _ops.mla_cache_append(_rows_view(self.latent[layer_idx], B), c_kv, k_pe,
+                              cache_seqlens=_rows_view(self.seqlens, B))
+
+    def attend(self, layer_idx: int, q_latent: Tensor, q_rope: Tensor, *, scale: float) -> Tensor:
+        """Absorbed causal attention (:func:`attn_ops.mla_decode`) of ``q_latent [B, T, H, d_c]`` /
+        ``q_rope [B, T, H, d_rope]`` (the ``T`` tokens just appended) over layer ``layer_idx``'s cache:
+        ``out_latent [B, T, H, d_c]``."""
+        self._check_layer(layer_idx)
+        B, T = q_latent.shape[0], q_latent.shape[1]
+        out, _ = _ops.mla_decode(q_latent, q_rope, _rows_view(self.latent[layer_idx], B),
+                                 _rows_view(self.seqlens, B) + T, scale=scale)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"LatentKVCache(num_layers={self.num_layers}, batch_size={self.batch_size}, "
+                f"capacity={self.capacity}, {self._repr_dims()})")
+
+
+class PagedLatentKVCache(_PagedBase, _LatentCacheBase):
+    """Paged MLA cache: per layer ``latent [num_blocks, block_size, kv_lora_rank + rope_dim]``, with
+    the block table and host-side allocator of :class:`PagedKVCache` (``reserve`` before each step,
+    ``free_rows``, ``truncate``, ``reset``, :class:`OutOfBlocksError`). Any block size."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_lora_rank: int,
+                 rope_dim: int, max_batch: int, max_blocks_per_seq: int,
+                 dtype: torch.dtype = torch.float32, device=None):
+        self._init_paged(num_layers, num_blocks, block_size, max_batch, max_blocks_per_seq, device)
+        self._init_latent((num_blocks, block_size), kv_lora_rank, rope_dim, dtype, device)
+
+    def append(self, layer_idx: int, c_kv: Tensor, k_pe: Tensor) -> None:
+        """Write ``c_kv [B, T, d_c]`` / ``k_pe [B, T, d_rope]`` of layer ``layer_idx`` after the current
+        lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
+        self._check_layer(layer_idx)
+        B, T = c_kv.shape[0], c_kv.shape[1]
+        _ops.mla_cache_append(self.latent[layer_idx], c_kv.flatten(0, 1), k_pe.flatten(0, 1),
+                              slot_mapping=self.slot_mapping(B, T))
+
+    def attend(self, layer_idx: int, q_latent: Tensor, q_rope: Tensor, *, scale: float) -> Tensor:
+        """As :meth:`LatentKVCache.attend`, over the paged cache."""
+        self._check_layer(layer_idx)
+        B, T = q_latent.shape[0], q_latent.shape[1]
+        out, _ = _ops.mla_decode(q_latent, q_rope, self.latent[layer_idx],
+                                 _rows_view(self.seqlens, B) + T, scale=scale,
+                                 block_table=_rows_view(self.block_table, B))
+        return out
+
+    def __repr__(self) -> str:
+        return (f"PagedLatentKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
+                f"block_size={self.block_size}, max_batch={self.max_batch}, "
+                f"max_blocks_per_seq={self.max_blocks_per_seq}, free_blocks={self.num_free_blocks}, "
+                f"{self._repr_dims()})")

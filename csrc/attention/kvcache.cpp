@@ -8,6 +8,28 @@
 
 namespace attn_ops {
 
+void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seqlens, const at::Tensor& block_table,
+                                    int64_t capacity, int64_t block_size, int64_t num_blocks) {
+  const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
+  const int32_t* len = lens.const_data_ptr<int32_t>();
+  const at::Tensor table = block_table.defined() ? block_table.to(at::kCPU).contiguous() : at::Tensor();
+  for (int64_t b = 0; b < lens.numel(); ++b) {
+    TORCH_CHECK(len[b] >= 0, op, ": cache_seqlens[", b, "] = ", len[b], " must be >= 0");
+    if (!table.defined()) {
+      TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
+                  capacity);
+      continue;
+    }
+    TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
+                capacity, " (max_blocks_per_seq ", table.size(1), " x block_size ", block_size, ")");
+    const int32_t* row = table.const_data_ptr<int32_t>() + b * table.size(1);
+    for (int64_t j = 0; j * block_size < len[b]; ++j) {
+      TORCH_CHECK(row[j] >= 0 && row[j] < num_blocks, op, ": block_table[", b, ", ", j, "] = ", row[j],
+                  " is out of range [0, ", num_blocks, ")");
+    }
+  }
+}
+
 KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
                                                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                           const std::optional<at::Tensor>& block_table,
@@ -68,32 +90,9 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
     s.capacity = k_cache.sym_size(1);
   }
 
-  if (cache_seqlens.device().type() != c10::DeviceType::Meta) {
-    const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
-    const int32_t* len = lens.const_data_ptr<int32_t>();
-    const int64_t capacity = s.capacity.expect_int();
-    at::Tensor table;
-    int64_t block_size = 0, num_blocks = 0;
-    if (paged) {
-      table = block_table->to(at::kCPU).contiguous();
-      block_size = k_cache.size(1);
-      num_blocks = k_cache.size(0);
-    }
-    for (int64_t b = 0; b < lens.numel(); ++b) {
-      TORCH_CHECK(len[b] >= 0, op, ": cache_seqlens[", b, "] = ", len[b], " must be >= 0");
-      if (paged) {
-        TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
-                    capacity, " (max_blocks_per_seq ", table.size(1), " x block_size ", block_size, ")");
-        const int32_t* row = table.const_data_ptr<int32_t>() + b * table.size(1);
-        for (int64_t j = 0; j * block_size < len[b]; ++j) {
-          TORCH_CHECK(row[j] >= 0 && row[j] < num_blocks, op, ": block_table[", b, ", ", j, "] = ", row[j],
-                      " is out of range [0, ", num_blocks, ")");
-        }
-      } else {
-        TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
-                    capacity);
-      }
-    }
+  if (cache_seqlens.device().type() != c10::DeviceType::Meta) {  // values exist only in real tensors
+    check_cache_lengths_and_blocks(op, cache_seqlens, paged ? *block_table : at::Tensor(),
+                                   s.capacity.expect_int(), paged ? k_cache.size(1) : 0, paged ? k_cache.size(0) : 0);
   }
   return s;
 }

@@ -91,4 +91,10 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
                                                           std::optional<double> scale, int64_t window_left,
                                                           int64_t window_right, double softcap);
 
+// Values of cache_seqlens (0 <= len <= capacity) and, for a paged cache, of the block-table entries each
+// row uses (in [0, num_blocks)). Call it only on tensors that hold data (not meta / fake ones);
+// block_table is undefined (and block_size, num_blocks unused) for a contiguous cache.
+void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seqlens, const at::Tensor& block_table,
+                                    int64_t capacity, int64_t block_size, int64_t num_blocks);
+
 }  // namespace attn_ops

@@ -30,6 +30,27 @@ void check_cache_tensors(const char* op, const at::Tensor& k_cache, const at::Te
 
 }  // namespace
 
+void check_append_lengths(const char* op, const at::Tensor& cache_seqlens, int64_t added, int64_t capacity) {
+  const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
+  const int32_t* l = lens.const_data_ptr<int32_t>();
+  for (int64_t b = 0; b < lens.numel(); ++b) {
+    TORCH_CHECK(l[b] >= 0, op, ": cache_seqlens[", b, "] = ", l[b], " must be >= 0");
+    TORCH_CHECK(l[b] + added <= capacity, op, ": cache_seqlens[", b, "] = ", l[b], " plus ", added,
+                " new tokens exceeds the cache capacity ", capacity);
+  }
+}
+
+void check_slot_values(const char* op, const at::Tensor& slot_mapping, int64_t num_blocks, int64_t block_size) {
+  const at::Tensor slots = slot_mapping.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* s = slots.const_data_ptr<int64_t>();
+  const int64_t num_slots = num_blocks * block_size;
+  for (int64_t i = 0; i < slots.numel(); ++i) {
+    TORCH_CHECK(s[i] >= -1 && s[i] < num_slots, op, ": slot_mapping[", i, "] = ", s[i],
+                " is out of range: the cache has ", num_slots, " slots (num_blocks ", num_blocks, " x block_size ",
+                block_size, "); -1 skips a token");
+  }
+}
+
 void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                                   const at::Tensor& v, const at::Tensor& cache_seqlens) {
   const char* op = "attn_ops.kv_cache_append";
@@ -53,14 +74,7 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
                      cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == kc[0], shape_str({kc[0]}));
   check_same_device(op, "cache_seqlens", cache_seqlens, "k_cache", k_cache);
   if (has_data(cache_seqlens)) {
-    const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
-    const int32_t* l = lens.const_data_ptr<int32_t>();
-    const int64_t capacity = k_cache.size(1), added = k.size(1);
-    for (int64_t b = 0; b < lens.numel(); ++b) {
-      TORCH_CHECK(l[b] >= 0, op, ": cache_seqlens[", b, "] = ", l[b], " must be >= 0");
-      TORCH_CHECK(l[b] + added <= capacity, op, ": cache_seqlens[", b, "] = ", l[b], " plus ", added,
-                  " new tokens exceeds the cache capacity ", capacity);
-    }
+    check_append_lengths(op, cache_seqlens, k.size(1), k_cache.size(1));
   }
 }
 
@@ -85,14 +99,7 @@ void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Ten
                      slot_mapping.dim() == 1 && slot_mapping.sym_size(0) == k.sym_size(0), shape_str({k.sym_size(0)}));
   check_same_device(op, "slot_mapping", slot_mapping, "k_cache", k_cache);
   if (has_data(slot_mapping)) {
-    const at::Tensor slots = slot_mapping.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* s = slots.const_data_ptr<int64_t>();
-    const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
-    for (int64_t i = 0; i < slots.numel(); ++i) {
-      TORCH_CHECK(s[i] >= -1 && s[i] < num_slots, op, ": slot_mapping[", i, "] = ", s[i],
-                  " is out of range: the cache has ", num_slots, " slots (num_blocks ", k_cache.size(0),
-                  " x block_size ", k_cache.size(1), "); -1 skips a token");
-    }
+    check_slot_values(op, slot_mapping, k_cache.size(0), k_cache.size(1));
   }
 }
 

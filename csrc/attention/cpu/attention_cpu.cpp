@@ -174,6 +174,18 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_cpu(const at::Tensor& 
                                                               double softcap) {
   check_attention_with_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, window_left, window_right,
                                       softcap);
+  return kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table,
+                           scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3)))), causal, window_left,
+                           window_right, softcap);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                     const std::optional<at::Tensor>& block_table, double scale,
+                                                     bool causal, int64_t window_left, int64_t window_right,
+                                                     double softcap) {
   const int64_t batch = q.size(0), seqlen_q = q.size(1);
   at::Tensor out = at::empty({batch, seqlen_q, q.size(2), v_cache.size(3)}, q.options());
   at::Tensor lse = at::empty({batch, q.size(2), seqlen_q}, q.options().dtype(attention_lse_dtype(q.scalar_type())));
@@ -186,7 +198,7 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_cpu(const at::Tensor& 
   p.group = p.heads_q / p.heads_kv;
   p.dim_qk = q.size(3);
   p.dim_v = v_cache.size(3);
-  p.scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(p.dim_qk)));
+  p.scale = scale;
   p.softcap = softcap;
   p.total_q = batch * seqlen_q;
   const at::Tensor lens = cache_seqlens.contiguous();
@@ -213,8 +225,6 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_cpu(const at::Tensor& 
   });
   return {out, lse};
 }
-
-}  // namespace
 
 TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
   m.impl("attention", &attention_cpu);

@@ -85,6 +85,15 @@ struct AttentionProblem {
 
 AttentionProblem make_problem(const AttentionShape& shape, const AttentionOptions& opts);
 
+// Attention of q [B, Tq, Hq, Dk] over the first cache_seqlens[b] keys of a contiguous cache
+// [B, capacity, Hkv, D] or, with block_table, a paged one [num_blocks, block_size, Hkv, D]; arguments
+// already validated. k_cache and v_cache may be views of one tensor (MLA's latent cache).
+std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                     const std::optional<at::Tensor>& block_table, double scale,
+                                                     bool causal, int64_t window_left, int64_t window_right,
+                                                     double softcap);
+
 
 
 

@@ -1,39 +1,12 @@
 // CPU kernels of the KV-cache writes: row copies (a copy is exact in every dtype, so no dtype dispatch).
+#include "cache/cpu/copy_rows.h"
 #include "cache/validation.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
-
-#include <cstring>
 
 namespace attn_ops::cpu {
 namespace {
-
-// Copies the `dim` elements of one head row.
-inline void copy_row(char* dst, const char* src, int64_t dim, int64_t elem_size) {
-  std::memcpy(dst, src, dim * elem_size);
-}
-
-// dst[dst_offset(t, h)] = src[src_offset(t, h)] for t < tokens, h < heads; offsets in elements.
-template <typename DstOffset, typename SrcOffset>
-void copy_rows(const at::Tensor& dst, const at::Tensor& src, int64_t tokens, int64_t heads, const DstOffset& dst_offset,
-               const SrcOffset& src_offset) {
-  const int64_t dim = src.size(-1), elem = src.element_size();
-  char* d = static_cast<char*>(dst.data_ptr());
-  const char* s = static_cast<const char*>(src.const_data_ptr());
-  at::parallel_for(0, tokens, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, heads * dim)), [&](int64_t begin,
-                                                                                                   int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t to = dst_offset(t, h);
-        if (to >= 0) {
-          copy_row(d + to * elem, s + src_offset(t, h) * elem, dim, elem);
-        }
-      }
-    }
-  });
-}
 
 void kv_cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                          const at::Tensor& v, const at::Tensor& cache_seqlens) {

@@ -1,0 +1,266 @@
+"""DeepSeek-V2/V3 multi-head latent attention (MLA) on the attn_ops operators.
+
+Per token (docs/mla_api.md, ../shared/DESIGN.md "MLA, precisely"): the query goes through a low-rank
+path (``q_a_proj -> RMSNorm -> q_b_proj``, or one ``q_proj``) and splits per head into ``q_nope``
+(``qk_nope_head_dim``) and ``q_pe`` (``qk_rope_head_dim``); ``kv_a_proj_with_mqa`` gives the latent
+``c_kv`` (``kv_lora_rank``, then RMSNorm) and one rotary key ``k_pe`` shared by all heads;
+``kv_b_proj`` expands ``c_kv`` into per-head ``k_nope`` and ``v``. Keys are ``[k_nope_h ; k_pe]``.
+
+* Training / full-sequence inference: K/V are expanded and :func:`attn_ops.attention` runs with
+  ``Dqk = nope + rope`` (192 at DeepSeek-V3 size) and ``Dv = v_head_dim`` (128); differentiable.
+* Cached inference (absorbed form): only ``[c_kv ; k_pe]`` is cached (:class:`LatentKVCache`,
+  :class:`PagedLatentKVCache`); ``W_UK`` is folded into the query (``q_latent_h = W_UK_h^T q_nope_h``),
+  :func:`attn_ops.mla_decode` attends in latent space, ``W_UV`` and ``o_proj`` are applied after.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from .. import ops as _ops
+from .cache import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
+
+__all__ = ["MultiHeadLatentAttention"]
+
+
+class _RMSNorm(nn.Module):
+    """HuggingFace ``DeepseekV3RMSNorm``: normalize in float32 (float64 for float64 inputs), round to
+    the input dtype, then scale by ``weight``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+def _positive(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Causal multi-head latent attention (DeepSeek-V2/V3), laid out like HuggingFace's
+    ``DeepseekV3Attention`` so its checkpoints' attention weights load by name, unchanged.
+
+    Parameters (``H = num_heads``, ``nope / rope / v`` the head dims, ``d_c = kv_lora_rank``):
+    ``q_a_proj`` (``hidden -> q_lora_rank``, bias if ``attention_bias``), ``q_a_layernorm.weight``,
+    ``q_b_proj`` (``q_lora_rank -> H * (nope + rope)``, no bias) -- or, with ``q_lora_rank=None``,
+    ``q_proj`` (``hidden -> H * (nope + rope)``, no bias); ``kv_a_proj_with_mqa``
+    (``hidden -> d_c + rope``, bias if ``attention_bias``), ``kv_a_layernorm.weight``, ``kv_b_proj``
+    (``d_c -> H * (nope + v)``, no bias; per head the ``nope`` rows are ``W_UK_h``, the ``v`` rows
+    ``W_UV_h``), ``o_proj`` (``H * v -> hidden``, bias if ``attention_bias``).
+
+    Rotary embedding: interleaved pairs ``(2i, 2i + 1)`` on ``q_pe`` and ``k_pe`` only, as DeepSeek's
+    reference code and HuggingFace with ``rope_interleave=True`` (its default for DeepSeek-V3). HF
+    de-interleaves ``q_pe`` / ``k_pe`` (``view(d/2, 2).transpose``) before a ``rotate_half`` rotation; that
+    permutes the rope features of ``q`` and ``k`` identically, so every score and the module output are
+    the same as rotating the pairs in place (what this module does; only the stored ``k_pe`` is in the
+    interleaved feature order). Tables: non-persistent ``rope_cos`` / ``rope_sin``
+    ``[max_position_embeddings, rope / 2]`` from :func:`attn_ops.rotary_cos_sin`, kept in float32 when
+    the module is cast to float16 / bfloat16. YaRN is the caller's: overwrite the tables and pass
+    ``softmax_scale`` (``(nope + rope) ** -0.5 * mscale ** 2``).
+
+    Args:
+        hidden_size, num_heads, q_lora_rank (``None``: no query compression), kv_lora_rank,
+        qk_nope_head_dim, qk_rope_head_dim (even), v_head_dim: the DeepSeek config fields.
+        softmax_scale: logit scale, default ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``.
+        rms_norm_eps: epsilon of the two RMSNorms (HF uses its default 1e-6 for them).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, q_lora_rank: Optional[int], kv_lora_rank: int,
+                 qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int,
+                 rope_theta: float = 10000.0, max_position_embeddings: int = 4096,
+                 softmax_scale: Optional[float] = None, attention_bias: bool = False,
+                 rms_norm_eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads),
+                            ("kv_lora_rank", kv_lora_rank), ("qk_nope_head_dim", qk_nope_head_dim),
+                            ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim),
+                            ("max_position_embeddings", max_position_embeddings)):
+            _positive(name, value)
+        if q_lora_rank is not None:
+            _positive("q_lora_rank", q_lora_rank)
+        if qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even for rotary embeddings, got {qk_rope_head_dim}")
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        self.q_lora_rank, self.kv_lora_rank = q_lora_rank, kv_lora_rank
+        self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
+        self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        self.v_head_dim = v_head_dim
+        self.rope_theta = float(rope_theta)
+        self.max_position_embeddings = max_position_embeddings
+        self.softmax_scale = float(softmax_scale) if softmax_scale is not None else self.qk_head_dim ** -0.5
+        fk = dict(device=device, dtype=dtype)
+        H = num_heads
+        if q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden_size, H * self.qk_head_dim, bias=False, **fk)
+        else:
+            self.q_a_proj = nn.Linear(hidden_size, q_lora_rank, bias=attention_bias, **fk)
+            self.q_a_layernorm = _RMSNorm(q_lora_rank, rms_norm_eps, **fk)
+            self.q_b_proj = nn.Linear(q_lora_rank, H * self.qk_head_dim, bias=False, **fk)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden_size, kv_lora_rank + qk_rope_head_dim,
+                                            bias=attention_bias, **fk)
+        self.kv_a_layernorm = _RMSNorm(kv_lora_rank, rms_norm_eps, **fk)
+        self.kv_b_proj = nn.Linear(kv_lora_rank, H * (qk_nope_head_dim + v_head_dim), bias=False, **fk)
+        self.o_proj = nn.Linear(H * v_head_dim, hidden_size, bias=attention_bias, **fk)
+        table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        cos, sin = _ops.rotary_cos_sin(max_position_embeddings, qk_rope_head_dim, self.rope_theta,
+                                       dtype=table_dtype, device=device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        # (key, weakref to kv_b_proj.weight, w_uk, w_uv): see absorbed_weights()
+        self._absorbed: Optional[tuple] = None
+
+    # ---- dtype handling of the rotary tables (as GroupedQueryAttention) ----------------------------
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._absorbed = None  # the parameters have new storage anyway; drop the stale copies now
+        if self.rope_cos.dtype not in (torch.float32, torch.float64):
+            if self.rope_cos.device.type == "meta":
+                cos, sin = self.rope_cos.float(), self.rope_sin.float()
+            else:
+                cos, sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.qk_rope_head_dim,
+                                               self.rope_theta, dtype=torch.float32,
+                                               device=self.rope_cos.device)
+            self.rope_cos, self.rope_sin = cos, sin
+        return self
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_absorbed"] = None  # holds a weakref (not picklable) and derived tensors
+        return state
+
+    def _tables(self, dtype: torch.dtype):
+        cos, sin = self.rope_cos, self.rope_sin
+        if cos.dtype != torch.float32 and cos.dtype != dtype:  # float64 tables, non-float64 input
+            cos, sin = cos.float(), sin.float()
+        return cos, sin
+
+    # ---- absorbed weights ------------------------------------------------------------------------
+    def _split_kv_b(self, w: Tensor) -> Tuple[Tensor, Tensor]:
+        """Views of ``kv_b_proj.weight``: ``W_UK [H, nope, d_c]`` and ``W_UV^T [H, d_c, v]``."""
+        w = w.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+        return w[:, :self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:].transpose(1, 2)
+
+    def absorbed_weights(self) -> Tuple[Tensor, Tensor]:
+        """``(w_uk [H, nope, d_c], w_uv [H, d_c, v])`` from ``kv_b_proj.weight``: the cached path computes
+        ``q_latent_h = q_nope_h @ w_uk[h]`` and ``out_h = out_latent_h @ w_uv[h]``.
+
+        Eager: contiguous copies (no autograd history), made once per weight version and reused by
+        every step: they are remade when ``kv_b_proj.weight`` is another tensor, has other storage
+        (``.to()``), or its version counter moved (any in-place update: optimizer steps,
+        ``load_state_dict``, ``copy_`` under ``no_grad``). Writes through ``weight.data`` do not move
+        the counter: call :meth:`refresh_absorbed_weights` after those. Weights created under
+        ``torch.inference_mode()`` have no version counter and are split again at every call.
+        Under ``torch.compile`` the weights are views of the live parameter inside the graph (no
+        copy, no Python-side state), so compiled steps always see the current weights.
+        """
+        w = self.kv_b_proj.weight
+        if torch.compiler.is_compiling():
+            return self._split_kv_b(w)
+        key = None
+        if not w.is_inference() and w.device.type != "meta":
+            key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
+        cached = self._absorbed
+        if key is not None and cached is not None and cached[0] == key and cached[1]() is w:
+            return cached[2], cached[3]
+        with torch.no_grad():
+            w_uk, w_uv = (t.contiguous() for t in self._split_kv_b(w))
+        self._absorbed = (key, weakref.ref(w), w_uk, w_uv) if key is not None else None
+        return w_uk, w_uv
+
+    def refresh_absorbed_weights(self) -> None:
+        """Drop the cached absorbed weights (they are remade at the next cached step)."""
+        self._absorbed = None
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def forward(self, x: Tensor, positions: Optional[Tensor] = None,
+                cache: Optional[Union[LatentKVCache, PagedLatentKVCache]] = None,
+                layer_idx: int = 0) -> Tensor:
+        """``x [B, T, hidden] -> [B, T, hidden]``.
+
+        Without a cache (training, full-sequence inference): ``positions`` (int ``[T]`` or ``[B, T]``)
+        default to ``0 .. T-1``; ``k_nope`` / ``v`` are expanded from ``c_kv`` with ``kv_b_proj``, ``k_pe``
+        is broadcast over the heads, and causal :func:`attn_ops.attention` runs with
+        ``Dqk = nope + rope``, ``Dv = v``. Gradients flow to ``x`` and every parameter.
+
+        With a :class:`LatentKVCache` / :class:`PagedLatentKVCache` (inference; call it under
+        ``torch.no_grad()`` / ``inference_mode``): the absorbed form. ``q_pe`` / ``k_pe`` are rotated in
+        place at ``positions`` (default: the cache positions ``cache.seqlens[b] + t``), ``[c_kv ; k_pe]``
+        is appended to layer ``layer_idx`` (:func:`attn_ops.mla_cache_append`), ``W_UK`` is folded into
+        the query, :func:`attn_ops.mla_decode` attends over ``cache.seqlens + T`` latent rows, then
+        ``W_UV`` and ``o_proj``. The layer with ``layer_idx == cache.num_layers - 1`` advances the
+        lengths by ``T``. Tensor ops only: a decode step compiles with ``fullgraph=True``. A paged
+        cache needs ``cache.reserve(T)`` before the step.
+        """
+        B, T, _ = x.shape
+        H, nope, rope, dv, dc = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim,
+                                 self.v_head_dim, self.kv_lora_rank)
+        if self.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(B, T, H, self.qk_head_dim)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
+        compressed = self.kv_a_proj_with_mqa(x)
+        c_kv = self.kv_a_layernorm(compressed[..., :dc])         # [B, T, d_c]
+        k_pe = compressed[..., dc:].unsqueeze(2)                  # [B, T, 1, rope], shared by the heads
+        cos, sin = self._tables(q.dtype)
+
+        if cache is None:
+            if positions is None:
+                positions = torch.arange(T, device=x.device)
+            positions = positions.expand(B, T) if positions.dim() == 1 else positions
+            q_pe = _ops.rotary_embedding(q_pe, cos, sin, positions, interleaved=True)
+            k_pe = _ops.rotary_embedding(k_pe, cos, sin, positions, interleaved=True)
+            kv = self.kv_b_proj(c_kv).view(B, T, H, nope + dv)
+            k_nope, v = kv[..., :nope], kv[..., nope:]
+            q = torch.cat((q_nope, q_pe), dim=-1)
+            k = torch.cat((k_nope, k_pe.expand(B, T, H, rope)), dim=-1)
+            out, _ = _ops.attention(q, k, v, causal=True, scale=self.softmax_scale)
+            return self.o_proj(out.reshape(B, T, H * dv))
+
+        if not isinstance(cache, _LatentCacheBase):
+            raise TypeError(f"MultiHeadLatentAttention needs a LatentKVCache or PagedLatentKVCache, "
+                            f"got {type(cache).__name__}")
+        if positions is None:
+            positions = cache.positions(B, T)
+        elif positions.dim() == 1:
+            positions = positions.expand(B, T)
+        if q.requires_grad or compressed.requires_grad:
+            # grad mode on: rotate out of place (the cached path is not differentiable anyway)
+            q_pe = _ops.rotary_embedding(q_pe, cos, sin, positions, interleaved=True)
+            k_pe = _ops.rotary_embedding(k_pe, cos, sin, positions, interleaved=True)
+        else:
+            _ops.rotary_embedding_(q_pe, cos, sin, positions, interleaved=True)
+            _ops.rotary_embedding_(k_pe, cos, sin, positions, interleaved=True)
+        cache.append(layer_idx, c_kv, k_pe.squeeze(2))
+        w_uk, w_uv = self.absorbed_weights()
+        # q_latent_h = W_UK_h^T q_nope_h, as H matmuls [B*T, nope] @ [nope, d_c]
+        q_latent = torch.bmm(q_nope.reshape(B * T, H, nope).transpose(0, 1), w_uk)
+        q_latent = q_latent.transpose(0, 1).view(B, T, H, dc)     # strided view, last dim stride 1
+        out_latent = cache.attend(layer_idx, q_latent, q_pe, scale=self.softmax_scale)
+        # out_h = W_UV_h out_latent_h, as H matmuls [B*T, d_c] @ [d_c, v]
+        out = torch.bmm(out_latent.reshape(B * T, H, dc).transpose(0, 1), w_uv)
+        if layer_idx == cache.num_layers - 1:
+            cache.advance(T, B)
+        return self.o_proj(out.transpose(0, 1).reshape(B, T, H * dv))
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
+                f"q_lora_rank={self.q_lora_rank}, kv_lora_rank={self.kv_lora_rank}, "
+                f"qk_nope_head_dim={self.qk_nope_head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}, "
+                f"v_head_dim={self.v_head_dim}, rope_theta={self.rope_theta:g}, "
+                f"softmax_scale={self.softmax_scale:.6g}")

@@ -1,0 +1,39 @@
+// Row copies into caches: the CPU building block of every cache write (a copy is exact in every dtype,
+// so it needs no dtype dispatch).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace attn_ops::cpu {
+
+// Copies the `dim` elements of one head row.
+inline void copy_row(char* dst, const char* src, int64_t dim, int64_t elem_size) {
+  std::memcpy(dst, src, dim * elem_size);
+}
+
+// dst[dst_offset(t, h)] = src[src_offset(t, h)] (src.size(-1) elements) for t < tokens, h < heads; offsets
+// in elements; a negative dst offset skips the row.
+template <typename DstOffset, typename SrcOffset>
+inline void copy_rows(const at::Tensor& dst, const at::Tensor& src, int64_t tokens, int64_t heads,
+                      const DstOffset& dst_offset, const SrcOffset& src_offset) {
+  const int64_t dim = src.size(-1), elem = src.element_size();
+  char* d = static_cast<char*>(dst.data_ptr());
+  const char* s = static_cast<const char*>(src.const_data_ptr());
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, heads * dim));  // ~4K elements a chunk
+  at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t to = dst_offset(t, h);
+        if (to >= 0) {
+          copy_row(d + to * elem, s + src_offset(t, h) * elem, dim, elem);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace attn_ops::cpu

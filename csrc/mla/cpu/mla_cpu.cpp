@@ -1,0 +1,78 @@
+// CPU kernels of the MLA ops. The absorbed decode is MQA with one key head of width d_c + d_rope whose
+// first d_c features are also the value, so it runs the attention-over-a-cache kernel on two views of the
+// one latent cache (all heads of a row share each cache tile); the cache write is two row copies.
+#include "mla/validation.h"
+
+#include "attention/cpu/attention_cpu.h"
+#include "cache/cpu/copy_rows.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <array>
+#include <vector>
+
+namespace attn_ops::cpu {
+namespace {
+
+void mla_cache_append_cpu(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
+                          const std::optional<at::Tensor>& cache_seqlens,
+                          const std::optional<at::Tensor>& slot_mapping) {
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
+  const int64_t d_c = c_kv.size(-1);
+  // New token t: the offset of its cache row (-1: skipped) and its index in the leading dims of c_kv / k_pe.
+  std::vector<int64_t> cache_row;
+  std::vector<std::array<int64_t, 2>> token_index;
+  if (slot_mapping.has_value()) {
+    const at::Tensor slots = slot_mapping->to(at::kLong).contiguous();
+    const int64_t* slot = slots.const_data_ptr<int64_t>();
+    const int64_t block_size = latent_cache.size(1);
+    for (int64_t t = 0; t < c_kv.size(0); ++t) {
+      cache_row.push_back(slot[t] < 0 ? -1
+                                      : (slot[t] / block_size) * latent_cache.stride(0) +
+                                            (slot[t] % block_size) * latent_cache.stride(1));
+      token_index.push_back({t, 0});
+    }
+  } else {
+    const at::Tensor lens = cache_seqlens->contiguous();
+    const int32_t* len = lens.const_data_ptr<int32_t>();
+    for (int64_t b = 0; b < c_kv.size(0); ++b) {
+      for (int64_t i = 0; i < c_kv.size(1); ++i) {
+        cache_row.push_back(b * latent_cache.stride(0) + (len[b] + i) * latent_cache.stride(1));
+        token_index.push_back({b, i});
+      }
+    }
+  }
+  // latent_cache[row, :d_c] = c_kv, latent_cache[row, d_c:] = k_pe
+  for (const auto& [src, column] : {std::pair<const at::Tensor&, int64_t>{c_kv, 0}, {k_pe, d_c}}) {
+    // A 2-D (paged) source has index [t, 0]: its second stride is multiplied by 0.
+    const int64_t stride0 = src.stride(0), stride1 = src.dim() == 3 ? src.stride(1) : 0;
+    copy_rows(
+        latent_cache, src, static_cast<int64_t>(cache_row.size()), 1,
+        [&](int64_t t, int64_t) { return cache_row[t] < 0 ? -1 : cache_row[t] + column; },
+        [&](int64_t t, int64_t) { return token_index[t][0] * stride0 + token_index[t][1] * stride1; });
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> mla_decode_cpu(const at::Tensor& q_latent, const at::Tensor& q_rope,
+                                                  const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
+                                                  double scale, const std::optional<at::Tensor>& block_table,
+                                                  bool causal) {
+  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale);
+  const int64_t d_c = q_latent.size(-1);
+  // q [B, Tq, H, d_c + d_rope]; keys: the whole cache row; values: its first d_c features; one KV head.
+  const at::Tensor q = at::cat({q_latent, q_rope}, -1);
+  const at::Tensor keys = latent_cache.unsqueeze(-2);
+  const at::Tensor values = latent_cache.narrow(-1, 0, d_c).unsqueeze(-2);
+  return kvcache_attention(q, keys, values, cache_seqlens, block_table, scale, causal, /*window_left=*/-1,
+                           /*window_right=*/-1, /*softcap=*/0.0);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
+  m.impl("mla_cache_append", &mla_cache_append_cpu);
+  m.impl("mla_decode", &mla_decode_cpu);
+}
+
+}  // namespace attn_ops::cpu

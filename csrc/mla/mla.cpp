@@ -1,0 +1,150 @@
+// Argument checks of the MLA ops and their Meta kernels.
+#include "mla/validation.h"
+
+#include "attention/validation.h"
+#include "cache/validation.h"
+#include "common/checks.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace attn_ops {
+namespace {
+
+bool has_data(const at::Tensor& t) {
+  return t.device().type() != c10::DeviceType::Meta;
+}
+
+// The latent cache's last dim is d_c + d_rope of the given tensors.
+void check_latent_width(const char* op, const at::Tensor& latent_cache, const c10::SymInt& d_c,
+                        const c10::SymInt& d_rope, const char* from) {
+  TORCH_CHECK(latent_cache.sym_size(-1) == d_c + d_rope, op, ": latent_cache must have last dim kv_lora_rank + ",
+              "rope_dim = ", d_c, " + ", d_rope, " = ", d_c + d_rope, " (from ", from, "), got ",
+              latent_cache.sym_size(-1));
+}
+
+}  // namespace
+
+void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
+                                   const std::optional<at::Tensor>& cache_seqlens,
+                                   const std::optional<at::Tensor>& slot_mapping) {
+  const char* op = "attn_ops.mla_cache_append";
+  TORCH_CHECK(cache_seqlens.has_value() != slot_mapping.has_value(), op,
+              ": exactly one of cache_seqlens (contiguous cache) and slot_mapping (paged cache) must be given, got ",
+              cache_seqlens.has_value() ? "both" : "neither");
+  const bool paged = slot_mapping.has_value();
+  if (paged) {
+    check_rank(op, "latent_cache", latent_cache, 3, "[num_blocks, block_size, kv_lora_rank + rope_dim]",
+               " when slot_mapping is given");
+    check_rank(op, "c_kv", c_kv, 2, "[num_tokens, kv_lora_rank]", " when slot_mapping is given");
+  } else {
+    check_rank(op, "latent_cache", latent_cache, 3, "[batch, capacity, kv_lora_rank + rope_dim]");
+    check_rank(op, "c_kv", c_kv, 3, "[batch, seqlen_new, kv_lora_rank]");
+  }
+  check_float_dtype(op, "latent_cache", latent_cache);
+  check_same_dtype_device(op, "c_kv", c_kv, "latent_cache", latent_cache);
+  check_same_dtype_device(op, "k_pe", k_pe, "latent_cache", latent_cache);
+  check_last_dim_contiguous(op, "latent_cache", latent_cache);
+  check_last_dim_contiguous(op, "c_kv", c_kv);
+  check_last_dim_contiguous(op, "k_pe", k_pe);
+  const c10::SymIntArrayRef leading = c_kv.sym_sizes().slice(0, c_kv.dim() - 1);
+  TORCH_CHECK(k_pe.dim() == c_kv.dim() && k_pe.sym_sizes().slice(0, k_pe.dim() - 1) == leading, op,
+              ": k_pe must have shape ", shape_str(leading).insert(shape_str(leading).size() - 1, ", *"),
+              " (the leading dims of c_kv), got ", shape_str(k_pe));
+  check_latent_width(op, latent_cache, c_kv.sym_size(-1), k_pe.sym_size(-1), "c_kv and k_pe");
+  if (paged) {
+    const at::Tensor& slots = *slot_mapping;
+    check_index_tensor(op, "slot_mapping", slots, /*allow_int64=*/true,
+                       slots.dim() == 1 && slots.sym_size(0) == c_kv.sym_size(0), shape_str({c_kv.sym_size(0)}));
+    check_same_device(op, "slot_mapping", slots, "latent_cache", latent_cache);
+    if (has_data(slots)) {
+      check_slot_values(op, slots, latent_cache.size(0), latent_cache.size(1));
+    }
+  } else {
+    const at::Tensor& lens = *cache_seqlens;
+    TORCH_CHECK(c_kv.sym_size(0) == latent_cache.sym_size(0), op, ": c_kv must have batch size ",
+                latent_cache.sym_size(0), " (as latent_cache), got ", c_kv.sym_size(0));
+    check_index_tensor(op, "cache_seqlens", lens, /*allow_int64=*/false,
+                       lens.dim() == 1 && lens.sym_size(0) == latent_cache.sym_size(0),
+                       shape_str({latent_cache.sym_size(0)}));
+    check_same_device(op, "cache_seqlens", lens, "latent_cache", latent_cache);
+    if (has_data(lens)) {
+      check_append_lengths(op, lens, c_kv.size(1), latent_cache.size(1));
+    }
+  }
+}
+
+void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
+                             const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                             double scale) {
+  const char* op = "attn_ops.mla_decode";
+  const bool paged = block_table.has_value();
+  check_rank(op, "q_latent", q_latent, 4, "[batch, seqlen_q, heads, kv_lora_rank]");
+  check_rank(op, "q_rope", q_rope, 4, "[batch, seqlen_q, heads, rope_dim]");
+  if (paged) {
+    check_rank(op, "latent_cache", latent_cache, 3, "[num_blocks, block_size, kv_lora_rank + rope_dim]",
+               " when block_table is given");
+  } else {
+    check_rank(op, "latent_cache", latent_cache, 3, "[batch, capacity, kv_lora_rank + rope_dim]");
+  }
+  check_float_dtype(op, "q_latent", q_latent);
+  check_same_dtype_device(op, "q_rope", q_rope, "q_latent", q_latent);
+  check_same_dtype_device(op, "latent_cache", latent_cache, "q_latent", q_latent);
+  check_last_dim_contiguous(op, "q_latent", q_latent);
+  check_last_dim_contiguous(op, "q_rope", q_rope);
+  check_last_dim_contiguous(op, "latent_cache", latent_cache);
+  const auto& ql = q_latent.sym_sizes();
+  TORCH_CHECK(q_rope.sym_size(0) == ql[0] && q_rope.sym_size(1) == ql[1] && q_rope.sym_size(2) == ql[2], op,
+              ": q_rope must have shape [", ql[0], ", ", ql[1], ", ", ql[2],
+              ", *] (batch, seqlen_q, heads of q_latent), got ", shape_str(q_rope));
+  check_latent_width(op, latent_cache, ql[3], q_rope.sym_size(3), "q_latent and q_rope");
+  if (!paged) {
+    TORCH_CHECK(latent_cache.sym_size(0) == ql[0], op, ": latent_cache must have batch size ", ql[0],
+                " (as q_latent), got ", latent_cache.sym_size(0));
+  }
+  check_score_options(op, scale, -1, -1, 0.0);
+  check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
+                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == ql[0], shape_str({ql[0]}));
+  check_same_device(op, "cache_seqlens", cache_seqlens, "q_latent", q_latent);
+  c10::SymInt capacity = latent_cache.sym_size(1);
+  if (paged) {
+    const at::Tensor& table = *block_table;
+    check_index_tensor(op, "block_table", table, /*allow_int64=*/false, table.dim() == 2 && table.sym_size(0) == ql[0],
+                       c10::str("[", ql[0], ", max_blocks_per_seq]"));
+    check_same_device(op, "block_table", table, "q_latent", q_latent);
+    capacity = table.sym_size(1) * latent_cache.sym_size(1);
+  }
+  if (has_data(cache_seqlens)) {
+    check_cache_lengths_and_blocks(op, cache_seqlens, paged ? *block_table : at::Tensor(), capacity.expect_int(),
+                                   paged ? latent_cache.size(1) : 0, paged ? latent_cache.size(0) : 0);
+  }
+}
+
+namespace {
+
+void mla_cache_append_meta(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
+                           const std::optional<at::Tensor>& cache_seqlens,
+                           const std::optional<at::Tensor>& slot_mapping) {
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
+}
+
+std::tuple<at::Tensor, at::Tensor> mla_decode_meta(const at::Tensor& q_latent, const at::Tensor& q_rope,
+                                                   const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
+                                                   double scale, const std::optional<at::Tensor>& block_table,
+                                                   bool causal) {
+  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale);
+  const auto& s = q_latent.sym_sizes();
+  at::Tensor out = at::empty_symint(s, q_latent.options());
+  at::Tensor lse =
+      at::empty_symint({s[0], s[2], s[1]}, q_latent.options().dtype(attention_lse_dtype(q_latent.scalar_type())));
+  return {out, lse};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
+  m.impl("mla_cache_append", &mla_cache_append_meta);
+  m.impl("mla_decode", &mla_decode_meta);
+}
+
+}  // namespace attn_ops

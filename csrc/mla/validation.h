@@ -1,0 +1,22 @@
+// Argument checks of the MLA ops (mla_cache_append, mla_decode), shared by every backend (CPU, CUDA, Meta).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace attn_ops {
+
+// latent_cache [B, capacity, d_c + d_rope] with cache_seqlens, or [num_blocks, block_size, d_c + d_rope]
+// with slot_mapping; c_kv [B, Tnew, d_c] / [N, d_c]; k_pe [B, Tnew, d_rope] / [N, d_rope].
+void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
+                                   const std::optional<at::Tensor>& cache_seqlens,
+                                   const std::optional<at::Tensor>& slot_mapping);
+
+// q_latent [B, Tq, H, d_c], q_rope [B, Tq, H, d_rope] over latent_cache [B, capacity, d_c + d_rope] or,
+// with block_table [B, max_blocks_per_seq], [num_blocks, block_size, d_c + d_rope].
+void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
+                             const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                             double scale);
+
+}  // namespace attn_ops
