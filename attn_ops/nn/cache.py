@@ -23,8 +23,8 @@ ops itself calls :meth:`advance` after its last layer.
 Everything the modules call (``positions``, ``slot_mapping``, ``append``, ``attend``, ``advance``) is
 tensor ops on the ``int32`` lengths (in place), with no ``.item()`` and no data-dependent Python branch,
 so a decode step traces under ``torch.compile(fullgraph=True)``. The host-side methods (``reset``,
-``free_rows``, ``truncate``, ``lengths``, ``reserve`` of the paged caches) run between steps, outside compiled
-code; ``truncate`` and ``reserve`` read the lengths back to the host.
+``free_rows``, ``truncate``, ``lengths``, ``reserve`` of the paged caches) run between steps, outside
+compiled code; ``truncate`` and ``reserve`` read the lengths back to the host.
 
 Every forward writes ``T`` tokens into each of its ``B`` rows (rows ``0 .. B-1`` of the cache, ``B`` may be
 smaller than the cache's batch). Batches of prompts with different lengths: pad them on the right to a
@@ -303,8 +303,8 @@ class _PagedBase(_CacheBase):
         else:
             counts = [int(c) for c in torch.as_tensor(num_new_tokens).reshape(-1).tolist()]
             if len(counts) > self.max_batch:
-                raise ValueError(f"{type(self).__name__}.reserve: got {len(counts)} counts for a cache of "
-                                 f"{self.max_batch} rows")
+                raise ValueError(f"{type(self).__name__}.reserve: got {len(counts)} counts for a cache "
+                                 f"of {self.max_batch} rows")
             counts += [0] * (self.max_batch - len(counts))
         if any(c < 0 for c in counts):
             raise ValueError(f"{type(self).__name__}.reserve: token counts must be >= 0, got {counts}")
@@ -314,15 +314,15 @@ class _PagedBase(_CacheBase):
             blocks = -(-(L + n) // self.block_size) if n > 0 else 0
             if blocks > self.max_blocks_per_seq:
                 raise RuntimeError(
-                    f"{type(self).__name__}.reserve: row {b} would hold {L + n} tokens, more than its capacity "
-                    f"{self.capacity} (max_blocks_per_seq {self.max_blocks_per_seq} x block_size "
-                    f"{self.block_size})")
+                    f"{type(self).__name__}.reserve: row {b} would hold {L + n} tokens, more than its "
+                    f"capacity {self.capacity} (max_blocks_per_seq {self.max_blocks_per_seq} x "
+                    f"block_size {self.block_size})")
             need.append(max(0, blocks - len(self._row_blocks[b])))
         total = sum(need)
         if total > len(self._free):
             raise OutOfBlocksError(
-                f"{type(self).__name__}.reserve: out of KV-cache blocks: the next tokens need {total} more "
-                f"blocks of {self.block_size} tokens, {len(self._free)} of {self.num_blocks} are free "
+                f"{type(self).__name__}.reserve: out of KV-cache blocks: the next tokens need {total} "
+                f"more blocks of {self.block_size} tokens, {len(self._free)} of {self.num_blocks} are free "
                 f"(free finished rows with free_rows(), or make num_blocks larger)")
         if total == 0:
             return 0
