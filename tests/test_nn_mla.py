@@ -26,6 +26,7 @@ from attn_ops.nn import (KVCache, LatentKVCache, MultiHeadLatentAttention, OutOf
                          PagedLatentKVCache)
 from reference import assert_close_to_ref
 from rope_reference import rope_ref
+from model_helpers import Stack
 
 F32_F64 = [torch.float32, torch.float64]
 F32_F64_IDS = ["f32", "f64"]
@@ -115,19 +116,6 @@ class RefMLA(nn.Module):
         p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(x.dtype, torch.float32))
         out = torch.matmul(p.to(x.dtype), value).transpose(1, 2).reshape(B, T, H * dv)
         return self.o_proj(out)
-
-
-class Stack(nn.Module):
-    """Residual stack of attention layers sharing one cache (layer i uses layer_idx=i)."""
-
-    def __init__(self, layers):
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, x, positions=None, cache=None):
-        for i, layer in enumerate(self.layers):
-            x = x + layer(x, positions=positions, cache=cache, layer_idx=i)
-        return x
 
 
 def ref_forward(mod, x, positions, dtype):

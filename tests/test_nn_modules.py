@@ -18,6 +18,7 @@ import attn_ops
 from attn_ops.nn import (GroupedQueryAttention, KVCache, MultiHeadAttention, MultiQueryAttention,
                          OutOfBlocksError, PagedKVCache)
 from reference import assert_close_to_ref
+from model_helpers import Stack
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 DT_IDS = ["f32", "f64", "bf16"]
@@ -91,19 +92,6 @@ class RefAttention(nn.Module):
         p = p.to(q.dtype)
         out = torch.matmul(p, v).transpose(1, 2).reshape(B, T, self.h * self.d)
         return self.o_proj(out)
-
-
-class Stack(nn.Module):
-    """Residual stack of attention layers sharing one cache (layer i uses layer_idx=i)."""
-
-    def __init__(self, layers):
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, x, positions=None, cache=None):
-        for i, layer in enumerate(self.layers):
-            x = x + layer(x, positions=positions, cache=cache, layer_idx=i)
-        return x
 
 
 def ref_stack_forward(stack, x, positions, dtype):
