@@ -13,3 +13,10 @@ class Stack(nn.Module):
         for i, layer in enumerate(self.layers):
             x = x + layer(x, positions=positions, cache=cache, layer_idx=i)
         return x
+
+
+def gather_paged(cache_t, block_table, b, L):
+    """The first L token rows of row b of a paged cache tensor [num_blocks, block_size, ...]."""
+    bs = cache_t.shape[1]
+    blocks = block_table[b, : -(-L // bs)].long()
+    return cache_t[blocks].flatten(0, 1)[:L]

@@ -18,7 +18,7 @@ import attn_ops
 from attn_ops.nn import (GroupedQueryAttention, KVCache, MultiHeadAttention, MultiQueryAttention,
                          OutOfBlocksError, PagedKVCache)
 from reference import assert_close_to_ref
-from model_helpers import Stack
+from model_helpers import Stack, gather_paged
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 DT_IDS = ["f32", "f64", "bf16"]
@@ -307,12 +307,6 @@ def test_ragged_prompts_right_padded(kind, device):
             full = stack(torch.cat([xp[b:b + 1, :L], xd[b:b + 1]], dim=1))
             torch.testing.assert_close(pre[b:b + 1, :L], full[:, :L], rtol=2e-5, atol=2e-5)
             torch.testing.assert_close(dec[b:b + 1], full[:, L:], rtol=2e-5, atol=2e-5)
-
-
-def gather_paged(cache_t, block_table, b, L):
-    bs = cache_t.shape[1]
-    blocks = block_table[b, : -(-L // bs)].long()
-    return cache_t[blocks].flatten(0, 1)[:L]
 
 
 @pytest.mark.parametrize("block_size", [1, 16])

@@ -197,7 +197,22 @@ class _KVCacheBase(_CacheBase):
         return self.v[0].shape[-1]
 
 
-class KVCache(_KVCacheBase):
+class _ContiguousRows:
+    """What the contiguous caches share: ``batch_size`` rows of ``capacity`` tokens each."""
+
+    def _init_rows(self, num_layers: int, batch_size: int, capacity: int, device) -> None:
+        self.num_layers = _check_positive("num_layers", num_layers)
+        self.batch_size = _check_positive("batch_size", batch_size)
+        self._capacity = _check_positive("capacity", capacity)
+        self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens each row can hold."""
+        return self._capacity
+
+
+class KVCache(_ContiguousRows, _KVCacheBase):
     """Contiguous KV cache: per layer ``k [batch_size, capacity, Hkv, D]``, ``v [.., Dv]`` (one
     allocation per layer and per tensor), and ``seqlens`` (``int32 [batch_size]``).
 
@@ -216,17 +231,9 @@ class KVCache(_KVCacheBase):
     def __init__(self, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int,
                  head_dim: int, *, head_dim_v: Optional[int] = None,
                  dtype: torch.dtype = torch.float32, device=None):
-        self.num_layers = _check_positive("num_layers", num_layers)
-        self.batch_size = _check_positive("batch_size", batch_size)
-        self._capacity = _check_positive("capacity", capacity)
+        self._init_rows(num_layers, batch_size, capacity, device)
         self.k, self.v = _allocate_layers(num_layers, (batch_size, capacity), num_kv_heads, head_dim,
                                           head_dim_v, dtype, device)
-        self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
-
-    @property
-    def capacity(self) -> int:
-        """Tokens each row can hold."""
-        return self._capacity
 
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` at the current
@@ -470,7 +477,7 @@ class _LatentCacheBase(_CacheBase):
                 f"device={self.device}, bytes_per_token={self.bytes_per_token}")
 
 
-class LatentKVCache(_LatentCacheBase):
+class LatentKVCache(_ContiguousRows, _LatentCacheBase):
     """Contiguous MLA cache: per layer ``latent [batch_size, capacity, kv_lora_rank + rope_dim]``
     (row ``[c_kv ; k_pe]``: the normalized latent ``c_kv`` and the rotated ``k_pe`` of each token) and
     ``seqlens`` (``int32 [batch_size]``), used by :class:`attn_ops.nn.MultiHeadLatentAttention`.
@@ -483,16 +490,8 @@ class LatentKVCache(_LatentCacheBase):
 
     def __init__(self, num_layers: int, batch_size: int, capacity: int, kv_lora_rank: int,
                  rope_dim: int, dtype: torch.dtype = torch.float32, device=None):
-        self.num_layers = _check_positive("num_layers", num_layers)
-        self.batch_size = _check_positive("batch_size", batch_size)
-        self._capacity = _check_positive("capacity", capacity)
+        self._init_rows(num_layers, batch_size, capacity, device)
         self._init_latent((batch_size, capacity), kv_lora_rank, rope_dim, dtype, device)
-        self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
-
-    @property
-    def capacity(self) -> int:
-        """Tokens each row can hold."""
-        return self._capacity
 
     def append(self, layer_idx: int, c_kv: Tensor, k_pe: Tensor) -> None:
         """Write ``c_kv [B, T, d_c]`` / ``k_pe [B, T, d_rope]`` of layer ``layer_idx`` at the current
