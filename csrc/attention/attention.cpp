@@ -132,7 +132,7 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
               opts.max_seqlen_k.value_or(0));
 
   // Values of cu_seqlens can only be read from real tensors, not while tracing with fake ones.
-  if (varlen && q.device().type() != c10::DeviceType::Meta && !q.sym_size(0).is_symbolic()) {
+  if (varlen && holds_data(q) && !q.sym_size(0).is_symbolic()) {
     const int64_t longest_q = check_cu_seqlens_values(op, "cu_seqlens_q", *opts.cu_seqlens_q,
                                                       s.seqlen_q.expect_int(), "q");
     const int64_t longest_k = check_cu_seqlens_values(op, "cu_seqlens_k", *opts.cu_seqlens_k,

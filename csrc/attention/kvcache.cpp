@@ -90,7 +90,7 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
     s.capacity = k_cache.sym_size(1);
   }
 
-  if (cache_seqlens.device().type() != c10::DeviceType::Meta) {  // values exist only in real tensors
+  if (holds_data(cache_seqlens)) {
     check_cache_lengths_and_blocks(op, cache_seqlens, paged ? *block_table : at::Tensor(),
                                    s.capacity.expect_int(), paged ? k_cache.size(1) : 0, paged ? k_cache.size(0) : 0);
   }

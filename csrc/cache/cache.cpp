@@ -10,11 +10,6 @@
 namespace attn_ops {
 namespace {
 
-// Values of index tensors can be read only from tensors that hold data (not meta / fake ones).
-bool has_data(const at::Tensor& t) {
-  return t.device().type() != c10::DeviceType::Meta;
-}
-
 // dtype, device and last-dim stride of a cache write's four tensors.
 void check_cache_tensors(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                          const at::Tensor& v) {
@@ -73,7 +68,7 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
                      cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == kc[0], shape_str({kc[0]}));
   check_same_device(op, "cache_seqlens", cache_seqlens, "k_cache", k_cache);
-  if (has_data(cache_seqlens)) {
+  if (holds_data(cache_seqlens)) {
     check_append_lengths(op, cache_seqlens, k.size(1), k_cache.size(1));
   }
 }
@@ -98,7 +93,7 @@ void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Ten
   check_index_tensor(op, "slot_mapping", slot_mapping, /*allow_int64=*/true,
                      slot_mapping.dim() == 1 && slot_mapping.sym_size(0) == k.sym_size(0), shape_str({k.sym_size(0)}));
   check_same_device(op, "slot_mapping", slot_mapping, "k_cache", k_cache);
-  if (has_data(slot_mapping)) {
+  if (holds_data(slot_mapping)) {
     check_slot_values(op, slot_mapping, k_cache.size(0), k_cache.size(1));
   }
 }

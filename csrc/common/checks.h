@@ -9,6 +9,11 @@
 
 namespace attn_ops {
 
+// Whether `t` holds values that a check can read: meta and fake tensors (torch.compile tracing) do not.
+inline bool holds_data(const at::Tensor& t) {
+  return t.device().type() != c10::DeviceType::Meta;
+}
+
 inline bool is_float_dtype(c10::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
 }

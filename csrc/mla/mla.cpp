@@ -11,10 +11,6 @@
 namespace attn_ops {
 namespace {
 
-bool has_data(const at::Tensor& t) {
-  return t.device().type() != c10::DeviceType::Meta;
-}
-
 // The latent cache's last dim is d_c + d_rope of the given tensors.
 void check_latent_width(const char* op, const at::Tensor& latent_cache, const c10::SymInt& d_c,
                         const c10::SymInt& d_rope, const char* from) {
@@ -57,7 +53,7 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
     check_index_tensor(op, "slot_mapping", slots, /*allow_int64=*/true,
                        slots.dim() == 1 && slots.sym_size(0) == c_kv.sym_size(0), shape_str({c_kv.sym_size(0)}));
     check_same_device(op, "slot_mapping", slots, "latent_cache", latent_cache);
-    if (has_data(slots)) {
+    if (holds_data(slots)) {
       check_slot_values(op, slots, latent_cache.size(0), latent_cache.size(1));
     }
   } else {
@@ -68,7 +64,7 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
                        lens.dim() == 1 && lens.sym_size(0) == latent_cache.sym_size(0),
                        shape_str({latent_cache.sym_size(0)}));
     check_same_device(op, "cache_seqlens", lens, "latent_cache", latent_cache);
-    if (has_data(lens)) {
+    if (holds_data(lens)) {
       check_append_lengths(op, lens, c_kv.size(1), latent_cache.size(1));
     }
   }
@@ -114,7 +110,7 @@ void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rop
     check_same_device(op, "block_table", table, "q_latent", q_latent);
     capacity = table.sym_size(1) * latent_cache.sym_size(1);
   }
-  if (has_data(cache_seqlens)) {
+  if (holds_data(cache_seqlens)) {
     check_cache_lengths_and_blocks(op, cache_seqlens, paged ? *block_table : at::Tensor(), capacity.expect_int(),
                                    paged ? latent_cache.size(1) : 0, paged ? latent_cache.size(0) : 0);
   }

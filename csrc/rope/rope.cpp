@@ -31,7 +31,7 @@ void check_rotary_inputs(const char* op, const at::Tensor& x, const at::Tensor& 
   }
   TORCH_CHECK(2 * cos.sym_size(1) <= x.sym_size(-1), op, ": rotary_dim 2 * ", cos.sym_size(1), " = ",
               2 * cos.sym_size(1), " exceeds head_dim ", x.sym_size(-1));
-  if (positions.device().type() != c10::DeviceType::Meta) {
+  if (holds_data(positions)) {
     const at::Tensor pos = positions.to(at::kCPU, at::kLong).contiguous();
     const int64_t* p = pos.const_data_ptr<int64_t>();
     const int64_t max_positions = cos.size(0);
