@@ -6,7 +6,8 @@ Importing the package loads the compiled operator library, which registers ``tor
 import torch  # noqa: F401  (the operator library links against torch's libraries)
 
 from . import _C  # noqa: F401  (registers the operators)
-from . import nn
+from . import distributed, nn
+from .distributed import merge_attention_partials, tensor_parallel
 from .ops import (
     attention,
     attention_backward,
@@ -22,6 +23,9 @@ from .ops import (
 
 __all__ = [
     "nn",
+    "distributed",
+    "merge_attention_partials",
+    "tensor_parallel",
     "attention",
     "attention_backward",
     "attention_with_kvcache",

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
+from ._collectives import copy_to_ranks, output_projection
 from .cache import KVCache, PagedKVCache
 
 __all__ = ["GroupedQueryAttention", "MultiQueryAttention", "MultiHeadAttention"]
@@ -41,6 +42,9 @@ class GroupedQueryAttention(nn.Module):
         bias: bias on ``q_proj`` / ``k_proj`` / ``v_proj``.
         rope_theta, max_position_embeddings: the rotary base and table length (positions must be
             below it).
+
+    :meth:`from_linear` wraps a model's existing projections (docs/module_swap.md);
+    :func:`attn_ops.distributed.tensor_parallel` shards the heads over ranks (docs/distributed.md).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,
@@ -76,6 +80,58 @@ class GroupedQueryAttention(nn.Module):
                                        dtype=table_dtype, device=device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # process group of the ranks sharing the heads; set by attn_ops.distributed.tensor_parallel
+        self.tp_group = None
+
+    @classmethod
+    def from_linear(cls, q_proj: nn.Linear, k_proj: nn.Linear, v_proj: nn.Linear, o_proj: nn.Linear, *,
+                    num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,
+                    rope_theta: float = 10000.0, sliding_window: Optional[int] = None,
+                    rope_interleaved: bool = False,
+                    max_position_embeddings: int = 4096) -> "GroupedQueryAttention":
+        """A module that uses the given projections themselves (shared, not copied): the recipe for
+        swapping a model's own attention module (docs/module_swap.md).
+
+        ``q_proj`` must map ``embed_dim -> num_heads * head_dim``, ``k_proj`` / ``v_proj``
+        ``embed_dim -> num_kv_heads * head_dim`` and ``o_proj`` ``num_heads * head_dim -> embed_dim``
+        (``embed_dim = q_proj.in_features``; ``head_dim`` defaults to ``embed_dim // num_heads``), all on
+        one device with one dtype. Biases are used where the given layers have them (``q`` / ``k`` /
+        ``v`` as Qwen2; ``o_proj`` too). The output rows of ``q_proj`` / ``k_proj`` / ``v_proj`` are
+        read head-major (head ``h`` is rows ``h * head_dim .. (h + 1) * head_dim - 1``), query head
+        ``h`` reads KV head ``h // (num_heads // num_kv_heads)``. The other arguments are the
+        constructor's. Always returns a :class:`GroupedQueryAttention` (MQA and MHA are head counts).
+        """
+        layers = dict(q_proj=q_proj, k_proj=k_proj, v_proj=v_proj, o_proj=o_proj)
+        for name, layer in layers.items():
+            if not isinstance(layer, nn.Linear):
+                raise TypeError(f"{name} must be a torch.nn.Linear, got {type(layer).__name__}")
+        embed_dim, w = q_proj.in_features, q_proj.weight
+        module = GroupedQueryAttention(
+            embed_dim, num_heads, num_kv_heads, head_dim, rope_theta=rope_theta,
+            sliding_window=sliding_window, rope_interleaved=rope_interleaved,
+            max_position_embeddings=max_position_embeddings, device="meta", dtype=w.dtype)
+        q_dim, kv_dim = num_heads * module.head_dim, num_kv_heads * module.head_dim
+        heads = f"num_heads * head_dim = {num_heads} * {module.head_dim}"
+        kv_heads = f"num_kv_heads * head_dim = {num_kv_heads} * {module.head_dim}"
+        expected = dict(q_proj=((q_dim, embed_dim), f"embed_dim -> {heads}"),
+                        k_proj=((kv_dim, embed_dim), f"embed_dim -> {kv_heads}"),
+                        v_proj=((kv_dim, embed_dim), f"embed_dim -> {kv_heads}"),
+                        o_proj=((embed_dim, q_dim), f"{heads} -> embed_dim"))
+        for name, layer in layers.items():
+            shape, what = expected[name]
+            if tuple(layer.weight.shape) != shape:
+                raise ValueError(f"{name} must map {what} (embed_dim = q_proj.in_features = {embed_dim}): "
+                                 f"weight of shape {list(shape)}, got {list(layer.weight.shape)}")
+            for pname, p in layer.named_parameters():
+                if p.dtype != w.dtype or p.device != w.device:
+                    raise ValueError(f"{name}.{pname} must have the dtype and device of q_proj.weight "
+                                     f"({w.dtype}, {w.device}), got {p.dtype}, {p.device}")
+        for name, layer in layers.items():
+            setattr(module, name, layer)
+        table_dtype = torch.float64 if w.dtype == torch.float64 else torch.float32
+        module.rope_cos, module.rope_sin = _ops.rotary_cos_sin(
+            max_position_embeddings, module.head_dim, module.rope_theta, dtype=table_dtype, device=w.device)
+        return module
 
     @property
     def window_left(self) -> int:
@@ -122,6 +178,7 @@ class GroupedQueryAttention(nn.Module):
         ``cache.reserve(T)`` before the step.
         """
         B, T, _ = x.shape
+        x = copy_to_ranks(x, self.tp_group)
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
@@ -150,7 +207,8 @@ class GroupedQueryAttention(nn.Module):
             out = cache.attend(layer_idx, q, window_left=self.window_left)
             if layer_idx == cache.num_layers - 1:
                 cache.advance(T, B)
-        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+        return output_projection(self.o_proj, out.reshape(B, T, self.num_heads * self.head_dim),
+                                 self.tp_group)
 
     def extra_repr(self) -> str:
         s = (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
+from ._collectives import copy_to_ranks, output_projection
 from .cache import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
 
 __all__ = ["MultiHeadLatentAttention"]
@@ -77,6 +78,9 @@ class MultiHeadLatentAttention(nn.Module):
         qk_nope_head_dim, qk_rope_head_dim (even), v_head_dim: the DeepSeek config fields.
         softmax_scale: logit scale, default ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``.
         rms_norm_eps: epsilon of the two RMSNorms (HF uses its default 1e-6 for them).
+
+    Tensor parallel (heads sharded over ranks, latent cache replicated):
+    :func:`attn_ops.distributed.tensor_parallel` (docs/distributed.md).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, q_lora_rank: Optional[int], kv_lora_rank: int,
@@ -122,6 +126,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         # (key, weakref to kv_b_proj.weight, w_uk, w_uv): see absorbed_weights()
         self._absorbed: Optional[tuple] = None
+        # process group of the ranks sharing the heads; set by attn_ops.distributed.tensor_parallel
+        self.tp_group = None
 
     # ---- dtype handling of the rotary tables (as GroupedQueryAttention) ----------------------------
     def _apply(self, fn, recurse=True):
@@ -209,14 +215,15 @@ class MultiHeadLatentAttention(nn.Module):
         H, nope, rope, dv, dc = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim,
                                  self.v_head_dim, self.kv_lora_rank)
         if self.q_lora_rank is None:
-            q = self.q_proj(x)
+            q = self.q_proj(copy_to_ranks(x, self.tp_group))
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q = self.q_b_proj(copy_to_ranks(self.q_a_layernorm(self.q_a_proj(x)), self.tp_group))
         q = q.view(B, T, H, self.qk_head_dim)
         q_nope, q_pe = q[..., :nope], q[..., nope:]
         compressed = self.kv_a_proj_with_mqa(x)
-        c_kv = self.kv_a_layernorm(compressed[..., :dc])         # [B, T, d_c]
-        k_pe = compressed[..., dc:].unsqueeze(2)                  # [B, T, 1, rope], shared by the heads
+        # under tensor parallelism c_kv / k_pe feed this rank's heads only: f sums their gradients
+        c_kv = copy_to_ranks(self.kv_a_layernorm(compressed[..., :dc]), self.tp_group)  # [B, T, d_c]
+        k_pe = copy_to_ranks(compressed[..., dc:], self.tp_group).unsqueeze(2)  # [B, T, 1, rope], all heads
         cos, sin = self._tables(q.dtype)
 
         if cache is None:
@@ -230,7 +237,7 @@ class MultiHeadLatentAttention(nn.Module):
             q = torch.cat((q_nope, q_pe), dim=-1)
             k = torch.cat((k_nope, k_pe.expand(B, T, H, rope)), dim=-1)
             out, _ = _ops.attention(q, k, v, causal=True, scale=self.softmax_scale)
-            return self.o_proj(out.reshape(B, T, H * dv))
+            return output_projection(self.o_proj, out.reshape(B, T, H * dv), self.tp_group)
 
         if not isinstance(cache, _LatentCacheBase):
             raise TypeError(f"MultiHeadLatentAttention needs a LatentKVCache or PagedLatentKVCache, "
@@ -256,7 +263,7 @@ class MultiHeadLatentAttention(nn.Module):
         out = torch.bmm(out_latent.reshape(B * T, H, dc).transpose(0, 1), w_uv)
         if layer_idx == cache.num_layers - 1:
             cache.advance(T, B)
-        return self.o_proj(out.transpose(0, 1).reshape(B, T, H * dv))
+        return output_projection(self.o_proj, out.transpose(0, 1).reshape(B, T, H * dv), self.tp_group)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
