@@ -252,6 +252,29 @@ def test_explicit_positions(device):
         assert_close_to_ref(out, ref64, same, name="out")
 
 
+def test_rope_tables(device):
+    """rope_tables (cos, sin) [N, rope / 2] replace the module's tables and positions index their rows
+    (e.g. per-token angles from HuggingFace, an attention factor multiplied in), uncached and cached."""
+    dtype = torch.float32
+    mod = build("q_lora", dtype, device)
+    B, T, half = 2, 7, mod.qk_rope_head_dim // 2
+    x = rand_x(B, T, mod.hidden_size, dtype, device)
+    angles = 50 * torch.rand(B * T, half, dtype=torch.float64, device=device)
+    cos, sin = 0.9 * angles.cos(), 0.9 * angles.sin()
+    pos = torch.arange(B * T, device=device).view(B, T)
+    tables = (cos.float(), sin.float())
+    cache = LatentKVCache(1, B, T, mod.kv_lora_rank, mod.qk_rope_head_dim, dtype=dtype, device=device)
+    with torch.no_grad():
+        ref64 = RefMLA.like(mod, torch.float64)(x.double(), cos, sin, pos)
+        same = RefMLA.like(mod, dtype)(x, cos.to(dtype), sin.to(dtype), pos)
+        uncached = mod(x, pos, rope_tables=tables)
+        cached = mod(x, pos, cache, rope_tables=tables)
+    assert_close_to_ref(uncached, ref64, same, name="uncached")
+    assert_close_to_ref(cached, ref64, same, name="cached")
+    with pytest.raises(ValueError, match="positions must be given with rope_tables"):
+        mod(x, rope_tables=tables)
+
+
 @pytest.mark.parametrize("dtype", F32_F64, ids=F32_F64_IDS)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_backward_matches_reference(name, dtype, device):

@@ -194,7 +194,7 @@ class MultiHeadLatentAttention(nn.Module):
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, x: Tensor, positions: Optional[Tensor] = None,
                 cache: Optional[Union[LatentKVCache, PagedLatentKVCache]] = None,
-                layer_idx: int = 0) -> Tensor:
+                layer_idx: int = 0, rope_tables: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
         """``x [B, T, hidden] -> [B, T, hidden]``.
 
         Without a cache (training, full-sequence inference): ``positions`` (int ``[T]`` or ``[B, T]``)
@@ -210,6 +210,11 @@ class MultiHeadLatentAttention(nn.Module):
         ``W_UV`` and ``o_proj``. The layer with ``layer_idx == cache.num_layers - 1`` advances the
         lengths by ``T``. Tensor ops only: a decode step compiles with ``fullgraph=True``. A paged
         cache needs ``cache.reserve(T)`` before the step.
+
+        ``rope_tables``: optional ``(cos, sin)`` ``[N, rope / 2]`` (float32 or ``x``'s dtype) used instead
+        of the module's ``rope_cos`` / ``rope_sin``; ``positions`` (required then) index their rows. For
+        angles computed elsewhere, e.g. per-token tables from HuggingFace's ``position_embeddings``
+        (any RoPE scaling, YaRN's attention factor included).
         """
         B, T, _ = x.shape
         H, nope, rope, dv, dc = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim,
@@ -224,7 +229,12 @@ class MultiHeadLatentAttention(nn.Module):
         # under tensor parallelism c_kv / k_pe feed this rank's heads only: f sums their gradients
         c_kv = copy_to_ranks(self.kv_a_layernorm(compressed[..., :dc]), self.tp_group)  # [B, T, d_c]
         k_pe = copy_to_ranks(compressed[..., dc:], self.tp_group).unsqueeze(2)  # [B, T, 1, rope], all heads
-        cos, sin = self._tables(q.dtype)
+        if rope_tables is None:
+            cos, sin = self._tables(q.dtype)
+        elif positions is None:
+            raise ValueError("positions must be given with rope_tables (they index its rows), got None")
+        else:
+            cos, sin = rope_tables
 
         if cache is None:
             if positions is None:
