@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Configure, build and run the LibTorch (C++) tests of attn_ops with CMake + CTest.
+# Configure, build and run the LibTorch (C++) tests of attn_ops with CMake + CTest: the GoogleTest tests
+# (tests/cpp) and the example program (examples/cpp, the CTest test example.decode_step).
 #
 #   .ci/cpp_tests.sh [BUILD_DIR] [extra cmake -D options...]
 #
@@ -32,6 +33,7 @@ cmake -S "$repo" -B "$build_dir" -G "$generator" \
   -DATTN_OPS_CUDA="${ATTN_OPS_CUDA:-OFF}" \
   -DATTN_OPS_CPU_ISA="${ATTN_OPS_CPU_ISA:-auto}" \
   -DATTN_OPS_BUILD_TESTS=ON \
+  -DATTN_OPS_BUILD_EXAMPLES=ON \
   "$@"
 
 echo "== build (-j$jobs)"
