@@ -80,4 +80,6 @@ setup(
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
+    # attn_ops.integrations.transformers (docs/transformers.md) is tested with this minor release.
+    extras_require={"transformers": ["transformers>=5.17.0,<5.18"]},
 )

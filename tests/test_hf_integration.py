@@ -1,0 +1,263 @@
+"""attn_implementation="attn_ops" in HuggingFace transformers (attn_ops.integrations.transformers).
+
+Tiny randomly initialised models built from configs (no download): Llama (GQA), Mistral (sliding
+window smaller than the prompt), Qwen2 (q/k/v bias; layer 0 full, layer 1 sliding) and Gemma-2
+(logit softcap, sliding/full layers, query_pre_attn_scalar scaling). Weights are drawn with a large
+initializer_range so that attention logits are O(1): softcap, scaling and masks all change the
+result well beyond the tolerances.
+
+Everything is compared with transformers' own "eager" attention, under the tolerance rule of
+tests/reference.py, max|ours - ref64| <= 2 * max|same_dtype - ref64| + eps:
+  ref64      eager on a float64 copy of the model;
+  same_dtype eager in the test dtype (for float64 that is ref64 itself: the bound is eps).
+Eager rounds its softmax through float32 even for float64 inputs (and with padding its float64
+mask value then overflows to -inf, giving NaN rows), so this module makes torch's softmax keep
+float64 inputs in float64: eager becomes a float64 ground truth. (sdpa cannot serve: it ignores
+Gemma-2's softcap.) Only real (non-padding) positions are compared: padding positions' outputs
+are meaningless and differ between transformers' own implementations too.
+"""
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import attn_ops.integrations.transformers as hf  # noqa: E402
+from reference import assert_close_to_ref  # noqa: E402
+
+COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+              initializer_range=0.2, pad_token_id=0)
+MODELS = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {}),
+    "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": 4}),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config",
+              {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config",
+               {"head_dim": 16, "sliding_window": 4, "attn_logit_softcapping": 1.5,
+                "final_logit_softcapping": None, "query_pre_attn_scalar": 8}),
+}
+BATCH, PROMPT = 3, 10
+PADDINGS = [None, "left", "right"]
+
+
+_SOFTMAX = torch.nn.functional.softmax
+
+
+def _softmax_keeping_float64(input, dim=None, _stacklevel=3, dtype=None):
+    """torch's softmax, except that float64 inputs are not rounded to a lower `dtype`."""
+    if input.dtype == torch.float64:
+        dtype = None
+    return _SOFTMAX(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _setup():
+    """Register attn_ops, make eager float64-exact, and run on one thread: these models are so
+    small that a thread pool only adds overhead (50x on a busy 2-core machine)."""
+    hf.register()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "softmax", _softmax_keeping_float64)
+        yield
+    torch.set_num_threads(threads)
+
+
+def build(name, dtype):
+    """A randomly initialised model of MODELS[name] in `dtype`, and its float64 copy."""
+    model_cls, config_cls, extra = MODELS[name]
+    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    model32 = getattr(transformers, model_cls)(config).eval()
+    model64 = copy.deepcopy(model32).double()
+    return (model64 if dtype == torch.float64 else model32.to(dtype)), model64
+
+
+def prompt(padding):
+    """Token ids [BATCH, PROMPT] and a 2-D attention_mask (None, or rows padded on one side by
+    different amounts, one row unpadded)."""
+    ids = torch.randint(1, COMMON["vocab_size"], (BATCH, PROMPT))
+    if padding is None:
+        return ids, None
+    mask = torch.ones(BATCH, PROMPT, dtype=torch.long)
+    if padding == "left":
+        mask[0, :4] = 0
+        mask[2, :1] = 0
+    else:
+        mask[1, 7:] = 0
+        mask[2, 9:] = 0
+    return ids.masked_fill(mask == 0, COMMON["pad_token_id"]), mask
+
+
+def real_positions(ids, mask):
+    return torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+
+
+def logits(model, implementation, ids, mask):
+    model.set_attn_implementation(implementation)
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits
+
+
+# --------------------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("padding", PADDINGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", MODELS)
+def test_logits_match_transformers(name, dtype, padding):
+    model, model64 = build(name, dtype)
+    ids, mask = prompt(padding)
+    real = real_positions(ids, mask)
+    ours = logits(model, "attn_ops", ids, mask)
+    ref64 = logits(model64, "eager", ids, mask)
+    same = logits(model, "eager", ids, mask)
+    assert_close_to_ref(ours[real], ref64[real], same[real], name=f"{name} logits")
+
+
+def test_masks_change_the_result():
+    """The comparisons above can fail: dropping the padding mask or the sliding window is caught."""
+    model, _ = build("mistral", torch.float32)
+    ids, mask = prompt("left")
+    ours = logits(model, "attn_ops", ids, mask)
+    unpadded = logits(model, "attn_ops", ids, None)
+    assert (ours[0, 4:] - unpadded[0, 4:]).abs().max() > 1e-2
+    model.config.sliding_window = None
+    no_window = logits(model, "attn_ops", ids, None)
+    assert (no_window[:, 4:] - unpadded[:, 4:]).abs().max() > 1e-2
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("padding", [None, "left"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy_generate_matches_transformers(name, dtype, padding, cache):
+    """Same tokens as transformers' eager attention, with a DynamicCache (the keys passed in are
+    the whole cache so far; sliding layers keep only the window) or a StaticCache (masks built
+    ahead by generate; the keys are the whole preallocated buffer)."""
+    model, _ = build(name, dtype)
+    ids, mask = prompt(padding)
+
+    def generate(implementation):
+        model.set_attn_implementation(implementation)
+        return model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                              cache_implementation=cache)
+
+    expected = generate("eager")
+    assert expected.shape == (BATCH, PROMPT + 8)
+    assert torch.equal(generate("attn_ops"), expected)
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+def labels_for(ids, mask):
+    """Next-token labels that only read the logits of real positions: -100 where the token or the
+    one before it (whose logits predict it) is padding."""
+    if mask is None:
+        return ids
+    prev_pad = torch.nn.functional.pad(mask[:, :-1], (1, 0), value=1) == 0
+    return ids.masked_fill((mask == 0) | prev_pad, -100)
+
+
+def gradients(model, implementation, ids, mask):
+    model.train()
+    model.set_attn_implementation(implementation)
+    model.zero_grad()
+    model(ids, attention_mask=mask, labels=labels_for(ids, mask)).loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", MODELS)
+def test_training_gradients_match_transformers(name, dtype, padding):
+    model, model64 = build(name, dtype)
+    ids, mask = prompt(padding)
+    ours = gradients(model, "attn_ops", ids, mask)
+    ref64 = gradients(model64, "eager", ids, mask)
+    same = gradients(model, "eager", ids, mask)
+    assert ours.keys() == ref64.keys() == dict(model.named_parameters()).keys()
+    for param in ref64:
+        assert_close_to_ref(ours[param], ref64[param], same[param], name=f"{name} d{param}")
+
+
+def test_torch_compile_fullgraph_training_step():
+    """torch.compile(fullgraph=True) of a whole Llama, forward and backward, with and without
+    padding: zero graph breaks, and the logits and gradients of eager transformers.
+
+    The aot_eager backend traces exactly what inductor would get (dynamo's graph, AOTAutograd's
+    joint forward/backward through the ops' fake kernels) without generating C++ code, which takes
+    minutes on a small CPU machine.
+    """
+    from torch._dynamo.utils import counters
+
+    model, model64 = build("llama", torch.float32)
+    model.config.use_cache = model64.config.use_cache = False
+    model.train()
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for padding in (None, "left"):
+        ids, mask = prompt(padding)
+        real = real_positions(ids, mask)
+        labels = labels_for(ids, mask)
+        model.set_attn_implementation("attn_ops")
+        model.zero_grad()
+        out = compiled(ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        ref64 = logits(model64, "eager", ids, mask)
+        same = logits(model, "eager", ids, mask)
+        assert_close_to_ref(out.logits.detach()[real], ref64[real], same[real], name="logits")
+        ref64_grads = gradients(model64, "eager", ids, mask)
+        same_grads = gradients(model, "eager", ids, mask)
+        for param in ref64_grads:
+            assert_close_to_ref(grads[param], ref64_grads[param], same_grads[param], name=param)
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration and rejected inputs
+# --------------------------------------------------------------------------------------------------
+def test_register_is_idempotent_and_selects_attn_ops():
+    assert hf.register() == hf.register() == "attn_ops"
+    config = transformers.LlamaConfig(**COMMON, attn_implementation="attn_ops")
+    assert transformers.LlamaForCausalLM(config).config._attn_implementation == "attn_ops"
+
+
+def test_dropout_in_training_is_rejected():
+    model, _ = build("llama", torch.float32)
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    ids, _ = prompt(None)
+    model.set_attn_implementation("attn_ops")
+    model.train()
+    with pytest.raises(ValueError, match=r"attn_ops attention has no dropout, got dropout=0\.1"):
+        model(ids)
+    model.eval()
+    model(ids)  # dropout is 0 in eval mode
+
+
+def test_unsupported_masks_are_rejected():
+    model, _ = build("llama", torch.float32)
+    model.set_attn_implementation("attn_ops")
+    ids, mask = prompt("left")
+    holes = mask.clone()
+    holes[1, 5] = 0
+    with pytest.raises(ValueError, match="one contiguous run"):
+        model(ids, attention_mask=holes)
+    # Two sequences packed in each row; transformers looks for them only without a cache.
+    packed = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]]).expand(BATCH, -1)
+    with pytest.raises(ValueError, match="packed sequences"):
+        model(ids, position_ids=packed, use_cache=False)
+    dense = torch.ones(BATCH, 1, PROMPT, PROMPT, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match=r"int32 \[batch, 4, 1, 1\] padding layout .* got "
+                                         r"torch\.bool of shape \[3, 1, 10, 10\]"):
+        model(ids, attention_mask=dense)
