@@ -1,0 +1,329 @@
+"""Benchmark GQA decode (attn_ops.attention_with_kvcache, one new token per row) and the KV-cache
+appends against PyTorch's paths, side by side, in one run.
+
+Decode, per (B, context, Hkv): q [B, 1, Hq, D]; every row attends to `context` cached keys (a full
+cache, cache_seqlens = context). Compared on the same values:
+  ours          attn_ops.attention_with_kvcache over a contiguous cache [B, context, Hkv, D]
+  ours[graph]   the same call captured in a CUDA graph and replayed (CUDA only): no host work per
+                call (the op's value checks, which copy cache_seqlens to the host, are skipped
+                under capture), so this is the kernels' own time
+  paged16 / paged1   ours over a paged cache (block size 16 / 1, blocks in shuffled order,
+                block_table int32 [B, context / block_size])
+  sdpa          F.scaled_dot_product_attention(q [B,Hq,1,D], k/v [B,Hkv,context,D], enable_gqa=True)
+  flex          torch.compile(flex_attention)(..., enable_gqa=True), no mask (CUDA only)
+  eager         HuggingFace's eager path: repeat_kv + q @ k^T * scale + softmax(float32) + @ v
+The baselines read a contiguous [B, Hkv, context, D] cache (HF's layout; no paged form); their
+ratios are against ours on the contiguous cache. GB/s = bytes of the K and V cache read
+(2 * B * context * Hkv * D * element size) / time, next to the copy bandwidth measured in the same
+run (bytes read + written of a large device-to-device copy).
+
+Appends: decode appends (one token per row, at position context - 1: kv_cache_append, and
+paged_kv_cache_append with a slot per row) per case, and bulk appends (--append-tokens new tokens
+for each of --append-batch rows: a prefill chunk) into contiguous and paged caches; GB/s counts
+the bytes read plus written (2 x the new K and V).
+
+Timing: CUDA events around each call, after warm-up, median of --repeats; before each call a
+buffer of twice the L2 size is written, so every call reads the cache from device memory (as
+triton.testing.do_bench; the flush is outside the events). CPU: host clock. A case is skipped
+("OOM") when its estimated peak memory exceeds 80% of the free memory: the cache, a paged or
+[B, Hkv, T, D] copy of it, and for eager the Hq/Hkv-fold repeated K/V and the scores.
+
+Defaults (CUDA): bfloat16, B in {1, 32, 128}, context in {1024, 8192, 32768}, Hq 32,
+Hkv in {8, 1}, D 128. --quick: B 32, context 8192. On CPU (a smoke test of the script; CUDA-only
+paths are skipped) pass small sizes, e.g. --batch 2 --context 64 --hq 4 --hkv 2 --head-dim 32.
+
+Examples:
+  python benchmarks/bench_decode.py --device cuda --out benchmarks/results/h100_decode.md \\
+      --json benchmarks/results/h100_decode.json
+  python benchmarks/bench_decode.py --device cuda --quick --time-budget 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import DTYPES, bw_cell  # noqa: E402
+
+CUDA_IMPLS = ["ours", "ours[graph]", "paged16", "paged1", "sdpa", "flex", "eager"]
+CPU_IMPLS = ["ours", "paged16", "paged1", "sdpa", "eager"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_common_args(p)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--batch", type=int, nargs="+", help="default 1 32 128 (--quick: 32)")
+    p.add_argument("--context", type=int, nargs="+",
+                   help="cached tokens per row; default 1024 8192 32768 (--quick: 8192)")
+    p.add_argument("--hq", type=int, default=32)
+    p.add_argument("--hkv", type=int, nargs="+", help="default 8 1")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--impls", nargs="+", help=f"subset; default cuda {CUDA_IMPLS}, cpu {CPU_IMPLS}")
+    p.add_argument("--append-batch", type=int, default=None, help="bulk appends: rows (default 16)")
+    p.add_argument("--append-tokens", type=int, default=None,
+                   help="bulk appends: new tokens per row (default 1024); 0 skips them")
+    p.add_argument("--quick", action="store_true", help="B 32, context 8192, 10 repeats")
+    args = p.parse_args(argv)
+    common.finish_common_args(p, args)
+    args.batch = args.batch or ([32] if args.quick else [1, 32, 128])
+    args.context = args.context or ([8192] if args.quick else [1024, 8192, 32768])
+    args.hkv = args.hkv or [8, 1]
+    args.impls = common.select_impls(args, CUDA_IMPLS, CPU_IMPLS, ("ours[graph]", "flex"))
+    args.append_batch = args.append_batch if args.append_batch is not None else 16
+    args.append_tokens = args.append_tokens if args.append_tokens is not None else 1024
+    for hkv in args.hkv:
+        if hkv < 1 or args.hq % hkv:
+            p.error(f"--hq {args.hq} must be a multiple of every --hkv (got {hkv})")
+    for ctx in args.context:
+        if ctx % 16:
+            p.error(f"--context must be a multiple of 16 (the paged block size), got {ctx}")
+    return args
+
+
+def block_size_of(impl):
+    return int(impl[len("paged"):]) if impl.startswith("paged") else None
+
+
+def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
+    """Times every implementation on one decode case; returns the row dict."""
+    device, dtype, hq, d = args.device, DTYPES[args.dtype], args.hq, args.head_dim
+    elem = torch.empty((), dtype=dtype).element_size()
+    cache_bytes = 2 * b * ctx * hkv * d * elem
+    row = {"B": b, "context": ctx, "Hq": hq, "Hkv": hkv, "D": d, "dtype": args.dtype,
+           "cache_bytes": cache_bytes, "impls": {}, "appends": {}}
+    if not common.fits(2 * cache_bytes, device):
+        return common.all_oom(row, args.impls, f"estimated {common.fmt_bytes(2 * cache_bytes)} "
+                              "(cache + a copy) > 80% of free memory", notes, label)
+    gen = common.generator(device, seed)
+    k = common.randn((b, ctx, hkv, d), dtype, device, gen)
+    v = common.randn((b, ctx, hkv, d), dtype, device, gen)
+    q = common.randn((b, 1, hq, d), dtype, device, gen)
+    lens = torch.full((b,), ctx, dtype=torch.int32, device=device)
+    scale = 1.0 / math.sqrt(d)
+    outs = {}
+
+    def record(impl, entry, out):
+        row["impls"][impl] = entry
+        common.note(notes, impl, entry, label)
+        if out is not None:
+            outs[impl] = out.detach().reshape(b, hq, d).float()
+
+    # ours: contiguous, graph, paged
+    for impl in [i for i in args.impls if i in ("ours", "ours[graph]")]:
+        if impl == "ours":
+            def make():
+                return lambda: attn_ops.attention_with_kvcache(q, k, v, lens)[0]
+        else:
+            def make():
+                graph, out = common.cuda_graph(lambda: attn_ops.attention_with_kvcache(q, k, v, lens)[0])
+                return lambda: (graph.replay(), out)[1]
+        record(impl, *common.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+    for impl in [i for i in args.impls if i.startswith("paged")]:
+        bs = block_size_of(impl)
+        try:
+            (kp, vp), bt = common.paged_copies([k, v], bs, gen)
+        except Exception as e:  # noqa: BLE001
+            record(impl, {"status": "OOM" if common.is_oom(e) else "n/a", "why": common.first_line(e)},
+                   None)
+            continue
+
+        def make(kp=kp, vp=vp, bt=bt):
+            return lambda: attn_ops.attention_with_kvcache(q, kp, vp, lens, block_table=bt)[0]
+
+        record(impl, *common.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+        row["appends"].update(append_decode(attn_ops, args, k, v, kp, vp, bt, bs, lens, label, notes))
+        del kp, vp, bt
+        common.free_memory(device)
+    row["appends"].update(append_decode(attn_ops, args, k, v, None, None, None, None, lens, label,
+                                        notes))
+
+    # baselines on a [B, Hkv, context, D] cache
+    if any(i in args.impls for i in ("sdpa", "flex", "eager")):
+        kb, vb = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        del k, v
+        common.free_memory(device)
+        qb = q.transpose(1, 2).contiguous()  # [B, Hq, 1, D]
+        for impl in [i for i in args.impls if i in ("sdpa", "flex", "eager")]:
+            if impl != "sdpa" and budget.expired():
+                record(impl, {"status": "skipped",
+                              "why": f"--time-budget {args.time_budget:g} s spent"}, None)
+                continue
+            if impl == "eager":
+                n_rep = hq // hkv
+                est = cache_bytes * n_rep + b * hq * ctx * (4 + 4 + elem)
+                if not common.fits(est, device):
+                    record(impl, {"status": "OOM", "why": f"estimated {common.fmt_bytes(est)} for the "
+                                  "repeated K/V and scores > 80% of free memory"}, None)
+                    continue
+
+                def make():
+                    return lambda: common.eager_attention(qb, kb, vb, None, scale)
+            elif impl == "sdpa":
+                def make():
+                    return lambda: F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)
+            else:
+                def make():
+                    fn = common.flex_compiled()
+                    call = lambda: fn(qb, kb, vb, enable_gqa=True)  # noqa: E731
+                    call()  # compile outside the timing
+                    return call
+
+            def run(make=make):
+                with torch.no_grad():
+                    return common.timed_entry(make, device=device, args=args, nbytes=cache_bytes)
+
+            entry, out = run()
+            record(impl, entry, out.transpose(1, 2) if out is not None else None)
+        del kb, vb
+    common.free_memory(device)
+    if "ours" in outs and "sdpa" in outs:
+        row["rel_diff_vs_sdpa"] = common.rel_maxdiff(outs["ours"], outs["sdpa"])
+    paged_diffs = [common.rel_maxdiff(outs[i], outs["ours"]) for i in outs if i.startswith("paged")
+                   and "ours" in outs]
+    if paged_diffs:
+        row["rel_diff_paged_vs_contiguous"] = max(paged_diffs)
+    return row
+
+
+def append_decode(attn_ops, args, k, v, kp, vp, bt, bs, lens, label, notes):
+    """Decode appends (one token per row, written at position context - 1) into the contiguous
+    cache (kp None) or the paged one; returns {name: entry}."""
+    device = args.device
+    b, ctx, hkv, d = k.shape
+    # the values already cached there: the caches keep their contents (the baselines read them later)
+    k_new, v_new = k[:, -1:].clone(), v[:, -1:].clone()
+    nbytes = 2 * 2 * k_new.numel() * k_new.element_size()  # K and V, read + written
+    if kp is None:
+        name = "append"
+        pos = lens - 1
+
+        def make():
+            return lambda: attn_ops.kv_cache_append(k, v, k_new, v_new, pos)
+    else:
+        name = f"append paged{bs}"
+        last = ctx - 1
+        slots = (bt[:, last // bs].long() * bs + last % bs).to(torch.int32)
+
+        def make():
+            kt, vt = k_new.reshape(b, hkv, d), v_new.reshape(b, hkv, d)
+            return lambda: attn_ops.paged_kv_cache_append(kp, vp, kt, vt, slots)
+    entry, _ = common.timed_entry(make, device=device, args=args, nbytes=nbytes)
+    common.note(notes, name, entry, label)
+    return {name: entry}
+
+
+def bulk_appends(attn_ops, args, notes):
+    """Prefill-chunk appends: --append-tokens new tokens for each of --append-batch rows."""
+    device, dtype, d = args.device, DTYPES[args.dtype], args.head_dim
+    b, t = args.append_batch, args.append_tokens
+    rows = []
+    for hkv in args.hkv:
+        label = f"bulk append B={b} Tnew={t} Hkv={hkv}"
+        gen = common.generator(device, 2)
+        k_new = common.randn((b, t, hkv, d), dtype, device, gen)
+        v_new = common.randn((b, t, hkv, d), dtype, device, gen)
+        nbytes = 2 * 2 * k_new.numel() * k_new.element_size()
+        cap = t + 16
+        row = {"B": b, "Tnew": t, "Hkv": hkv, "D": d, "bytes": nbytes, "impls": {}}
+        kc = torch.empty(b, cap, hkv, d, dtype=dtype, device=device)
+        vc = torch.empty_like(kc)
+        lens = torch.full((b,), 16, dtype=torch.int32, device=device)
+
+        def make(kc=kc, vc=vc, k_new=k_new, v_new=v_new, lens=lens):
+            return lambda: attn_ops.kv_cache_append(kc, vc, k_new, v_new, lens)
+
+        row["impls"]["contiguous"], _ = common.timed_entry(make, device=device, args=args,
+                                                           nbytes=nbytes)
+        for bs in (16, 1):
+            nblk = b * (-(-t // bs)) + 2
+            kp = torch.empty(nblk, bs, hkv, d, dtype=dtype, device=device)
+            vp = torch.empty_like(kp)
+            slots = torch.randperm(nblk * bs, generator=gen, device=device)[:b * t].to(torch.int32)
+            kt, vt = k_new.reshape(b * t, hkv, d), v_new.reshape(b * t, hkv, d)
+
+            def make(kp=kp, vp=vp, slots=slots, kt=kt, vt=vt):
+                return lambda: attn_ops.paged_kv_cache_append(kp, vp, kt, vt, slots)
+
+            row["impls"][f"paged{bs}"], _ = common.timed_entry(make, device=device, args=args,
+                                                               nbytes=nbytes)
+        for name, e in row["impls"].items():
+            common.note(notes, name, e, label)
+        print(f"  {label}: " + ", ".join(f"{n} {bw_cell(e)}" for n, e in row["impls"].items()),
+              flush=True)
+        rows.append(row)
+        del kc, vc, k_new, v_new
+        common.free_memory(device)
+    return rows
+
+
+def render_markdown(run, results, bulk):
+    args, cp = run.args, run.ceilings["copy"]["gbps"]
+    L = ["# attn_ops decode benchmark (attention_with_kvcache, KV-cache appends)", ""]
+    L += common.header_lines(run.info, run.ceilings, run.elapsed(), args.device)
+    L.append("")
+    L.append(f"Decode: one query token per row, Hq = {args.hq}, D = {args.head_dim}, {args.dtype}, "
+             f"every row attends to the whole context. Cells: median time (GB/s of the K/V cache "
+             f"read). X/ours = X time / ours time (> 1: attn_ops is faster), against ours on the "
+             f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
+             f"({cp:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
+             f"work). paged16 / paged1 = ours over a paged cache with that block size. The "
+             f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
+             f"max abs(sdpa); paged diff: the largest of the same for paged against contiguous. "
+             f"Times are device times from CUDA events with the L2 flushed before each call (see "
+             f"the script's docstring).")
+    L.append("")
+    keys = [("B", lambda r: r["B"]), ("context", lambda r: r["context"]), ("Hkv", lambda r: r["Hkv"]),
+            ("cache", lambda r: common.fmt_bytes(r["cache_bytes"]))]
+    L += common.bandwidth_tables(
+        results, keys, args.impls, cp,
+        [("rel. diff", "rel_diff_vs_sdpa"), ("paged diff", "rel_diff_paged_vs_contiguous")],
+        "Decode appends (one new token per row, K and V): median time (GB/s, bytes read + "
+        "written); latency-bound at these sizes.")
+    if bulk:
+        L.append("")
+        L.append(f"Bulk appends (a prefill chunk): median time (GB/s, bytes read + written; copy "
+                 f"bandwidth {cp:.0f} GB/s). paged: slots in random order over the pool.")
+        L.append("")
+        names = list(bulk[0]["impls"])
+        rows = [[r["B"], r["Tnew"], r["Hkv"], common.fmt_bytes(r["bytes"] / 2)] +
+                [bw_cell(r["impls"].get(n)) for n in names] for r in bulk]
+        L.append(common.markdown_table(["B", "Tnew", "Hkv", "new K+V"] + names,
+                                       [[str(c) for c in x] for x in rows]))
+    L += common.skipped_lines(run.notes)
+    return "\n".join(L)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    run = common.Run(args, [args.dtype])
+    results, bulk = [], []
+
+    def report(final):
+        return run.write(render_markdown(run, results, bulk),
+                         {"decode": results, "bulk_appends": bulk}, final)
+
+    cases = [(b, ctx, hkv) for hkv in args.hkv for ctx in sorted(args.context)
+             for b in sorted(args.batch)]
+    for ci, (b, ctx, hkv), label in run.each(cases, "decode B={} context={} Hkv={}".format):
+        row = decode_case(run.attn_ops, args, b, ctx, hkv, args.seed + ci, label, run.notes,
+                          run.budget)
+        results.append(row)
+        print(common.bw_line(label, row, args.impls, "rel_diff_vs_sdpa", "rel.diff"), flush=True)
+        report(final=False)
+    if args.append_tokens > 0 and not run.over_budget("bulk appends", "bulk appends"):
+        bulk += bulk_appends(run.attn_ops, args, run.notes)
+    report(final=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
