@@ -1,8 +1,8 @@
 """Build attn_ops._C, the operator library, with torch.utils.cpp_extension.
 
-CUDA sources (csrc/**/cuda/*.cu) are compiled when nvcc is found, unless ATTN_OPS_CUDA=0; the CUDA
-architectures come from TORCH_CUDA_ARCH_LIST (there is no GPU to detect on a build machine, so set
-it, e.g. TORCH_CUDA_ARCH_LIST=9.0). Install with:  pip install --no-build-isolation -e .
+CUDA sources (csrc/**/cuda/*.cu) are compiled when a CUDA toolkit is found, unless ATTN_OPS_CUDA=0; the
+CUDA architectures come from TORCH_CUDA_ARCH_LIST (default 9.0, the H100: a build machine may have no GPU
+to detect). Install with:  pip install --no-build-isolation -e .
 """
 import glob
 import os
@@ -10,9 +10,34 @@ import platform
 import shutil
 
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def find_cuda_home():
+    """The CUDA toolkit root: $CUDA_HOME / $CUDA_PATH, else the toolkit of the nvcc on PATH.
+
+    torch's own guess is the parent of nvcc's directory, which is wrong when /usr/local/bin/nvcc is a
+    wrapper script around /usr/local/cuda-X.Y/bin/nvcc; so prefer a directory that has the runtime headers.
+    """
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            return os.environ[env]
+    candidates = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    candidates += ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    for root in candidates:
+        if os.path.exists(os.path.join(root, "include", "cuda_runtime_api.h")):
+            return root
+    return None
+
+
+if os.environ.get("ATTN_OPS_CUDA", "1") not in ("0", "", "false", "False", "OFF", "off") and find_cuda_home():
+    os.environ.setdefault("CUDA_HOME", find_cuda_home())  # read by torch.utils.cpp_extension at import
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 
 def cpu_isa_flags():
@@ -39,7 +64,20 @@ def want_cuda():
     setting = os.environ.get("ATTN_OPS_CUDA")
     if setting is not None:
         return setting not in ("0", "", "false", "False", "OFF", "off")
-    return shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+    return find_cuda_home() is not None
+
+
+def cuda_library_includes():
+    """ATen's CUDA headers include cuBLAS / cuSPARSE headers, which a minimal toolkit may lack while the pip
+    CUDA packages that came with torch (site-packages/nvidia/cu*/include) have them."""
+    home = os.environ.get("CUDA_HOME", "")
+    if os.path.exists(os.path.join(home, "include", "cusparse.h")):
+        return []
+    import torch
+
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    return [d for d in sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "include")))
+            if os.path.exists(os.path.join(d, "cusparse.h"))][:1]
 
 
 def sources(pattern):
@@ -59,6 +97,9 @@ def make_extension():
         py_limited_api=False,
     )
     if want_cuda() and cuda_sources:
+        # No GPU to detect on a build machine: default to the reference target (H100) unless told otherwise.
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+        common["include_dirs"] += cuda_library_includes()
         return CUDAExtension(
             sources=cpp_sources + cuda_sources,
             define_macros=[("ATTN_OPS_WITH_CUDA", "1")],

@@ -242,6 +242,14 @@ def test_head_dims_at_least_one(fn, device):
            *qkv(device, v=(2, 7, 4, 0)))
 
 
+@pytest.mark.parametrize("fn", FNS)
+def test_head_dims_at_most_1024(fn, device):
+    raises(fn, "head_dim_qk and head_dim_v must be at most 1024, got 1025 and 64",
+           *qkv(device, q=(1, 2, 2, 1025), k=(1, 3, 1, 1025), v=(1, 3, 1, 64)))
+    raises(fn, "head_dim_qk and head_dim_v must be at most 1024, got 64 and 1025",
+           *qkv(device, q=(1, 2, 2, 64), k=(1, 3, 1, 64), v=(1, 3, 1, 1025)))
+
+
 # --------------------------------------------------------------------------------------------------
 # Scalars
 # --------------------------------------------------------------------------------------------------

@@ -473,6 +473,13 @@ def test_attn_head_dim(device):
     raises(ATT, "k_cache must have head_dim 64 (as q), got 32", *args, **kw)
 
 
+def test_attn_head_dims_at_most_1024(device):
+    raises(ATT, "head_dim_qk and head_dim_v must be at most 1024, got 1025 and 64",
+           *att_args(device, q=(2, 1, 8, 1025), kc=(2, 32, 4, 1025)))
+    args, kw = paged_att(device, vc=(6, 16, 4, 1025))
+    raises(ATT, "head_dim_qk and head_dim_v must be at most 1024, got 64 and 1025", *args, **kw)
+
+
 def test_attn_scalars(device):
     raises(ATT, "window_left must be >= -1 (-1 means unbounded), got -3", *att_args(device),
            window_left=-3)

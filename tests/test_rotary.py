@@ -459,6 +459,13 @@ def test_error_x_rank(fn, device):
 
 
 @pytest.mark.parametrize("fn", FNS)
+def test_error_x_too_many_dims(fn, device):
+    x, cos, sin, pos = err_args(device, x=(1, 1, 1, 1, 1, 1, 2, 3, 8), pos=(1, 1, 1, 1, 1, 1, 2))
+    raises(fn, "x must have at most 8 dimensions [..., heads, head_dim], got a 9-D tensor of shape "
+               "[1, 1, 1, 1, 1, 1, 2, 3, 8]", x, cos, sin, pos)
+
+
+@pytest.mark.parametrize("fn", FNS)
 def test_error_x_last_dim_stride(fn, device):
     _, cos, sin, pos = err_args(device)
     x = torch.randn(2, 5, 4, 128, device=device)[..., ::2]

@@ -57,6 +57,13 @@ void check_max_seqlen(const char* op, const char* name, const char* cu_name, std
 
 }  // namespace
 
+void check_head_dims(const char* op, const c10::SymInt& head_dim_qk, const c10::SymInt& head_dim_v) {
+  TORCH_CHECK(head_dim_qk >= 1 && head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
+              head_dim_qk, " and ", head_dim_v);
+  TORCH_CHECK(head_dim_qk <= kMaxHeadDim && head_dim_v <= kMaxHeadDim, op, ": head_dim_qk and head_dim_v must be at most ",
+              kMaxHeadDim, ", got ", head_dim_qk, " and ", head_dim_v);
+}
+
 void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::SymInt& heads_kv) {
   TORCH_CHECK(heads_q >= 1 && heads_kv >= 1, op, ": heads_q and heads_kv must be at least 1, got heads_q ", heads_q,
               ", heads_kv ", heads_kv);
@@ -122,8 +129,7 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
   check_head_counts(op, s.heads_q, s.heads_kv);
   TORCH_CHECK(k.sym_size(hd + 1) == s.head_dim_qk, op, ": k must have head_dim_qk ", s.head_dim_qk, " (as q), got ",
               k.sym_size(hd + 1));
-  TORCH_CHECK(s.head_dim_qk >= 1 && s.head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
-              s.head_dim_qk, " and ", s.head_dim_v);
+  check_head_dims(op, s.head_dim_qk, s.head_dim_v);
 
   check_score_options(op, opts.scale, opts.window_left, opts.window_right, opts.softcap);
   TORCH_CHECK(!opts.max_seqlen_q.has_value() || *opts.max_seqlen_q >= 0, op, ": max_seqlen_q must be >= 0, got ",
@@ -132,7 +138,7 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
               opts.max_seqlen_k.value_or(0));
 
   // Values of cu_seqlens can only be read from real tensors, not while tracing with fake ones.
-  if (varlen && holds_data(q) && !q.sym_size(0).is_symbolic()) {
+  if (varlen && can_read_values(q) && !q.sym_size(0).is_symbolic()) {
     const int64_t longest_q = check_cu_seqlens_values(op, "cu_seqlens_q", *opts.cu_seqlens_q,
                                                       s.seqlen_q.expect_int(), "q");
     const int64_t longest_k = check_cu_seqlens_values(op, "cu_seqlens_k", *opts.cu_seqlens_k,

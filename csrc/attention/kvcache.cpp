@@ -72,8 +72,7 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
   check_head_counts(op, s.heads_q, s.heads_kv);
   TORCH_CHECK(k_cache.sym_size(3) == s.head_dim, op, ": k_cache must have head_dim ", s.head_dim, " (as q), got ",
               k_cache.sym_size(3));
-  TORCH_CHECK(s.head_dim >= 1 && s.head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
-              s.head_dim, " and ", s.head_dim_v);
+  check_head_dims(op, s.head_dim, s.head_dim_v);
   check_score_options(op, scale, window_left, window_right, softcap);
 
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
@@ -90,7 +89,7 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
     s.capacity = k_cache.sym_size(1);
   }
 
-  if (holds_data(cache_seqlens)) {
+  if (can_read_values(cache_seqlens)) {
     check_cache_lengths_and_blocks(op, cache_seqlens, paged ? *block_table : at::Tensor(),
                                    s.capacity.expect_int(), paged ? k_cache.size(1) : 0, paged ? k_cache.size(0) : 0);
   }

@@ -52,6 +52,12 @@ AttentionShape check_attention_inputs(
     const at::Tensor& v,
     const AttentionOptions& opts);
 
+// The largest head dim of any attention op (the CUDA row kernels hold 32 features per lane).
+constexpr int64_t kMaxHeadDim = 1024;
+
+// Shared by every attention-like op: head dims in [1, kMaxHeadDim].
+void check_head_dims(const char* op, const c10::SymInt& head_dim_qk, const c10::SymInt& head_dim_v);
+
 // Shared by every attention-like op: head counts (heads_q a multiple of heads_kv >= 1) and the score options.
 void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::SymInt& heads_kv);
 void check_score_options(const char* op, std::optional<double> scale, int64_t window_left, int64_t window_right,

@@ -68,7 +68,7 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
                      cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == kc[0], shape_str({kc[0]}));
   check_same_device(op, "cache_seqlens", cache_seqlens, "k_cache", k_cache);
-  if (holds_data(cache_seqlens)) {
+  if (can_read_values(cache_seqlens)) {
     check_append_lengths(op, cache_seqlens, k.size(1), k_cache.size(1));
   }
 }
@@ -93,7 +93,7 @@ void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Ten
   check_index_tensor(op, "slot_mapping", slot_mapping, /*allow_int64=*/true,
                      slot_mapping.dim() == 1 && slot_mapping.sym_size(0) == k.sym_size(0), shape_str({k.sym_size(0)}));
   check_same_device(op, "slot_mapping", slot_mapping, "k_cache", k_cache);
-  if (holds_data(slot_mapping)) {
+  if (can_read_values(slot_mapping)) {
     check_slot_values(op, slot_mapping, k_cache.size(0), k_cache.size(1));
   }
 }

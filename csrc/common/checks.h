@@ -9,10 +9,11 @@
 
 namespace attn_ops {
 
-// Whether `t` holds values that a check can read: meta and fake tensors (torch.compile tracing) do not.
-inline bool holds_data(const at::Tensor& t) {
-  return t.device().type() != c10::DeviceType::Meta;
-}
+// Whether a check may read the values of `t`. Not those of meta and fake tensors (torch.compile tracing),
+// and not those of a CUDA tensor while the current stream captures a CUDA graph: reading them means a
+// copy to the host, which capture forbids. The CUDA kernels bounds-check every index they read, so an
+// invalid index under capture writes nothing and reads nothing out of range (docs/cuda.md).
+bool can_read_values(const at::Tensor& t);
 
 inline bool is_float_dtype(c10::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;

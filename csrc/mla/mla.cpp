@@ -53,7 +53,7 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
     check_index_tensor(op, "slot_mapping", slots, /*allow_int64=*/true,
                        slots.dim() == 1 && slots.sym_size(0) == c_kv.sym_size(0), shape_str({c_kv.sym_size(0)}));
     check_same_device(op, "slot_mapping", slots, "latent_cache", latent_cache);
-    if (holds_data(slots)) {
+    if (can_read_values(slots)) {
       check_slot_values(op, slots, latent_cache.size(0), latent_cache.size(1));
     }
   } else {
@@ -64,7 +64,7 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
                        lens.dim() == 1 && lens.sym_size(0) == latent_cache.sym_size(0),
                        shape_str({latent_cache.sym_size(0)}));
     check_same_device(op, "cache_seqlens", lens, "latent_cache", latent_cache);
-    if (holds_data(lens)) {
+    if (can_read_values(lens)) {
       check_append_lengths(op, lens, c_kv.size(1), latent_cache.size(1));
     }
   }
@@ -94,6 +94,7 @@ void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rop
               ": q_rope must have shape [", ql[0], ", ", ql[1], ", ", ql[2],
               ", *] (batch, seqlen_q, heads of q_latent), got ", shape_str(q_rope));
   check_latent_width(op, latent_cache, ql[3], q_rope.sym_size(3), "q_latent and q_rope");
+  check_head_dims(op, ql[3] + q_rope.sym_size(3), ql[3]);
   if (!paged) {
     TORCH_CHECK(latent_cache.sym_size(0) == ql[0], op, ": latent_cache must have batch size ", ql[0],
                 " (as q_latent), got ", latent_cache.sym_size(0));
@@ -110,7 +111,7 @@ void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rop
     check_same_device(op, "block_table", table, "q_latent", q_latent);
     capacity = table.sym_size(1) * latent_cache.sym_size(1);
   }
-  if (holds_data(cache_seqlens)) {
+  if (can_read_values(cache_seqlens)) {
     check_cache_lengths_and_blocks(op, cache_seqlens, paged ? *block_table : at::Tensor(), capacity.expect_int(),
                                    paged ? latent_cache.size(1) : 0, paged ? latent_cache.size(0) : 0);
   }

@@ -13,6 +13,8 @@ void check_rotary_inputs(const char* op, const at::Tensor& x, const at::Tensor& 
   check_float_dtype(op, "x", x);
   TORCH_CHECK(x.dim() >= 2, op, ": x must have at least 2 dimensions [..., heads, head_dim], got a ", x.dim(),
               "-D tensor of shape ", shape_str(x));
+  TORCH_CHECK(x.dim() <= kRotaryMaxDims, op, ": x must have at most ", kRotaryMaxDims,
+              " dimensions [..., heads, head_dim], got a ", x.dim(), "-D tensor of shape ", shape_str(x));
   check_last_dim_contiguous(op, "x", x);
   const c10::SymIntArrayRef leading = x.sym_sizes().slice(0, x.dim() - 2);
   check_index_tensor(op, "positions", positions, /*allow_int64=*/true, positions.sym_sizes() == leading,
@@ -31,7 +33,7 @@ void check_rotary_inputs(const char* op, const at::Tensor& x, const at::Tensor& 
   }
   TORCH_CHECK(2 * cos.sym_size(1) <= x.sym_size(-1), op, ": rotary_dim 2 * ", cos.sym_size(1), " = ",
               2 * cos.sym_size(1), " exceeds head_dim ", x.sym_size(-1));
-  if (holds_data(positions)) {
+  if (can_read_values(positions)) {
     const at::Tensor pos = positions.to(at::kCPU, at::kLong).contiguous();
     const int64_t* p = pos.const_data_ptr<int64_t>();
     const int64_t max_positions = cos.size(0);

@@ -1,5 +1,6 @@
 // CPU kernels of attention / attention_backward: validation (shared with every backend), output
 // allocation, and dispatch to the forward and backward tile kernels by dtype.
+#include "attention/kvcache_entry.h"
 #include "attention/validation.h"
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/row_ops.h"
@@ -165,20 +166,6 @@ KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor* block_table, i
   return l;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_cpu(const at::Tensor& q, const at::Tensor& k_cache,
-                                                              const at::Tensor& v_cache,
-                                                              const at::Tensor& cache_seqlens,
-                                                              const std::optional<at::Tensor>& block_table,
-                                                              std::optional<double> scale, bool causal,
-                                                              int64_t window_left, int64_t window_right,
-                                                              double softcap) {
-  check_attention_with_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, window_left, window_right,
-                                      softcap);
-  return kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table,
-                           scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3)))), causal, window_left,
-                           window_right, softcap);
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
@@ -229,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
 TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
   m.impl("attention", &attention_cpu);
   m.impl("attention_backward", &attention_backward_cpu);
-  m.impl("attention_with_kvcache", &attention_with_kvcache_cpu);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_on<kvcache_attention>);
 }
 
 }  // namespace attn_ops::cpu

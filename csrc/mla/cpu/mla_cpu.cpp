@@ -1,6 +1,6 @@
-// CPU kernels of the MLA ops. The absorbed decode is MQA with one key head of width d_c + d_rope whose
-// first d_c features are also the value, so it runs the attention-over-a-cache kernel on two views of the
-// one latent cache (all heads of a row share each cache tile); the cache write is two row copies.
+// CPU kernels of the MLA ops: the cache write as two row copies, and the absorbed decode
+// (mla/absorbed_decode.h) on the CPU attention-over-a-cache kernel.
+#include "mla/absorbed_decode.h"
 #include "mla/validation.h"
 
 #include "attention/cpu/attention_cpu.h"
@@ -54,25 +54,11 @@ void mla_cache_append_cpu(const at::Tensor& latent_cache, const at::Tensor& c_kv
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> mla_decode_cpu(const at::Tensor& q_latent, const at::Tensor& q_rope,
-                                                  const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
-                                                  double scale, const std::optional<at::Tensor>& block_table,
-                                                  bool causal) {
-  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale);
-  const int64_t d_c = q_latent.size(-1);
-  // q [B, Tq, H, d_c + d_rope]; keys: the whole cache row; values: its first d_c features; one KV head.
-  const at::Tensor q = at::cat({q_latent, q_rope}, -1);
-  const at::Tensor keys = latent_cache.unsqueeze(-2);
-  const at::Tensor values = latent_cache.narrow(-1, 0, d_c).unsqueeze(-2);
-  return kvcache_attention(q, keys, values, cache_seqlens, block_table, scale, causal, /*window_left=*/-1,
-                           /*window_right=*/-1, /*softcap=*/0.0);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
   m.impl("mla_cache_append", &mla_cache_append_cpu);
-  m.impl("mla_decode", &mla_decode_cpu);
+  m.impl("mla_decode", &mla_decode_on<kvcache_attention>);
 }
 
 }  // namespace attn_ops::cpu

@@ -1,0 +1,39 @@
+// Host entry points of the CUDA attention kernels, shared by the attention ops (attention_cuda.cu) and the
+// MLA ops (mla/cuda). Every launcher runs on the current stream and synchronises nothing.
+#pragma once
+
+#include "attention/cuda/problem.cuh"
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+namespace attn_ops::cuda {
+
+// Runs the forward described by `a` (tensor-core kernel where it applies, else the row kernel), with
+// `a.splits` key splits merged by their lse. The caller sets a.partial_* when a.splits > 1.
+template <typename T>
+void launch_attention_forward(const ForwardArgs<T>& a);
+
+// Runs the backward described by `a` (a.delta: scratch of the lse's shape).
+template <typename T>
+void launch_attention_backward(const BackwardArgs<T>& a);
+
+// The tensor-core forward (forward_mma.cu): whether it covers this case, and its launcher.
+bool mma_forward_supported(c10::ScalarType dtype, int64_t dim_qk, int64_t dim_v);
+template <typename T>
+bool mma_forward_aligned(const ForwardArgs<T>& a);  // pointers and strides suit its 16-byte loads
+template <typename T>
+void launch_forward_mma(const ForwardArgs<T>& a);
+
+// Attention of q [B, Tq, Hq, D] over the first cache_seqlens[b] keys of a contiguous cache
+// [B, capacity, Hkv, D] or, with block_table, a paged one [num_blocks, block_size, Hkv, D]; arguments
+// already validated (k_cache and v_cache may be views of one tensor: MLA's latent cache).
+std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                     const std::optional<at::Tensor>& block_table, double scale,
+                                                     bool causal, int64_t window_left, int64_t window_right,
+                                                     double softcap);
+
+}  // namespace attn_ops::cuda

@@ -1,0 +1,176 @@
+// The device-side description of an attention problem, shared by every CUDA attention kernel (forward,
+// backward, attention over a KV cache, MLA decode).
+//
+// Sequence lengths are read on the device from cu_seqlens / cache_seqlens, never copied to the host: the
+// kernels stay sync-free and capturable in a CUDA graph. The host validation (attention/validation.h)
+// checks those values whenever it may read them; under graph capture it cannot, so every index read here
+// is clamped or bounds-checked: invalid inputs then give wrong numbers for that row, never an
+// out-of-range access.
+#pragma once
+
+#include "common/cuda/device_utils.cuh"
+
+#include <cstdint>
+
+namespace attn_ops::cuda {
+
+// Lengths and first tokens of one sequence (varlen: index of its first packed token; dense: 0).
+struct Seq {
+  int64_t len_q, len_k, q0, k0;
+};
+
+// Where the sequence lengths come from: dense sizes, packed cu_seqlens, or a cache's cache_seqlens.
+struct SeqInfo {
+  const int32_t* cu_q = nullptr;       // [batch + 1] or null
+  const int32_t* cu_k = nullptr;       // [batch + 1] or null
+  const int32_t* cache_len = nullptr;  // [batch] keys in each cache row, or null
+  int64_t len_q = 0;  // dense: query length; varlen: total query tokens (clamp bound)
+  int64_t len_k = 0;  // dense: key length; varlen: total key tokens; cache: capacity of a row
+
+  __device__ __forceinline__ Seq at(int64_t b) const {
+    Seq s{len_q, len_k, 0, 0};
+    if (cu_q != nullptr) {
+      s.q0 = clamp(cu_q[b], len_q);
+      s.len_q = max_zero(clamp(cu_q[b + 1], len_q) - s.q0);
+      s.k0 = clamp(cu_k[b], len_k);
+      s.len_k = max_zero(clamp(cu_k[b + 1], len_k) - s.k0);
+    }
+    if (cache_len != nullptr) {
+      s.len_k = clamp(cache_len[b], len_k);
+    }
+    return s;
+  }
+
+ private:
+  __device__ __forceinline__ static int64_t clamp(int64_t x, int64_t hi) { return x < 0 ? 0 : (x > hi ? hi : x); }
+  __device__ __forceinline__ static int64_t max_zero(int64_t x) { return x < 0 ? 0 : x; }
+};
+
+// Element offsets into [batch, seqlen, heads, dim] (batch_stride > 0) or packed [total, heads, dim]
+// (batch_stride = 0, tokens counted from the sequence's first packed token).
+struct TokenLayout {
+  int64_t batch_stride = 0, token_stride = 0, head_stride = 0;
+
+  __device__ __forceinline__ int64_t at(int64_t b, int64_t first, int64_t i, int64_t h) const {
+    return b * batch_stride + (first + i) * token_stride + h * head_stride;
+  }
+};
+
+// Keys / values: token rows as TokenLayout, or spread over the blocks of a paged cache
+// ([num_blocks, block_size, heads, dim]) through a block table ([batch, max_blocks_per_seq]).
+struct KeyLayout {
+  TokenLayout rows;
+  const int32_t* block_table = nullptr;
+  int64_t table_stride = 0, block_stride = 0;
+  int64_t block_size = 0, num_blocks = 0, table_width = 0;
+
+  // Offset of key j of sequence b (first packed key k0), head h; -1 when its block-table entry is out of
+  // range (possible only for inputs that could not be checked: CUDA-graph capture). The key is skipped.
+  __device__ __forceinline__ int64_t at(int64_t b, int64_t k0, int64_t j, int64_t h) const {
+    if (block_table == nullptr) {
+      return rows.at(b, k0, j, h);
+    }
+    const int64_t slot = j / block_size;
+    const int64_t block = slot < table_width ? block_table[b * table_stride + slot] : -1;
+    if (block < 0 || block >= num_blocks) {
+      return -1;
+    }
+    return block * block_stride + (j % block_size) * rows.token_stride + h * rows.head_stride;
+  }
+};
+
+// lse: [batch, heads, seqlen] (dense) or [heads, total] (varlen).
+struct LseLayout {
+  int64_t batch_stride = 0, head_stride = 0;
+
+  __device__ __forceinline__ int64_t at(int64_t b, int64_t first, int64_t i, int64_t h) const {
+    return b * batch_stride + h * head_stride + first + i;
+  }
+};
+
+// The visible keys of query i: [lo, hi] (empty when lo > hi), bottom-right aligned (query i sits at key
+// position i + len_k - len_q). -1 windows are unbounded; causal is folded into window_right = 0.
+struct Window {
+  int64_t left = -1, right = -1;
+
+  __device__ __forceinline__ void keys_of(const Seq& s, int64_t i, int64_t* lo, int64_t* hi) const {
+    const int64_t pos = i + s.len_k - s.len_q;
+    *lo = left < 0 ? 0 : (pos - left > 0 ? pos - left : 0);
+    *hi = right < 0 ? s.len_k - 1 : (pos + right < s.len_k - 1 ? pos + right : s.len_k - 1);
+  }
+  // The queries that see key j: [first, last] (empty when first > last).
+  __device__ __forceinline__ void queries_of(const Seq& s, int64_t j, int64_t* first, int64_t* last) const {
+    const int64_t shift = s.len_k - s.len_q;
+    *first = right < 0 ? 0 : (j - shift - right > 0 ? j - shift - right : 0);
+    *last = left < 0 ? s.len_q - 1 : (j - shift + left < s.len_q - 1 ? j - shift + left : s.len_q - 1);
+  }
+};
+
+// logit = scale * q.k, soft-capped to cap * tanh(logit / cap) when cap > 0.
+template <typename A>
+struct Logit {
+  A scale, softcap;
+
+  __device__ __forceinline__ A operator()(A dot) const {
+    const A x = dot * scale;
+    return softcap > A(0) ? softcap * tanh(x / softcap) : x;
+  }
+  // d logit / d dot, given the logit.
+  __device__ __forceinline__ A derivative(A logit) const {
+    if (softcap > A(0)) {
+      const A t = logit / softcap;
+      return scale * (A(1) - t * t);
+    }
+    return scale;
+  }
+};
+
+// Everything a forward kernel reads and writes. Rows are (query position, query head); query head h reads
+// key/value head h / group.
+template <typename T>
+struct ForwardArgs {
+  using A = acc_t<T>;
+  const T* q;  // [batch, len_q, heads_q, dim_qk] / [total_q, heads_q, dim_qk]
+  const T* k;  // [batch, len_k, heads_kv, dim_qk] / [total_k, ...] / [num_blocks, block_size, heads_kv, dim_qk]
+  const T* v;  // like k, with dim_v
+  T* out;      // like q, with dim_v
+  A* lse;      // LseLayout
+  TokenLayout q_layout, out_layout;
+  KeyLayout k_layout, v_layout;
+  LseLayout lse_layout;
+  SeqInfo seqs;
+  Window window;
+  Logit<A> logit;
+  int64_t batch, heads_q, group, dim_qk, dim_v;
+  int64_t max_len_q;  // grid bound on query positions per sequence (rows past a sequence's length exit)
+  // Split-KV: the visible keys of every row are cut at multiples of keys_per_split; split s writes its
+  // normalised partial output and its lse to partial_out [splits, batch, max_len_q, heads_q, dim_v] and
+  // partial_lse [splits, batch, max_len_q, heads_q], merged afterwards. splits == 1: written to out/lse.
+  int64_t splits = 1, keys_per_split = 0;
+  A* partial_out = nullptr;
+  A* partial_lse = nullptr;
+};
+
+}  // namespace attn_ops::cuda
+
+namespace attn_ops::cuda {
+
+// Everything the backward kernels read and write (dense or varlen; no paged keys).
+template <typename T>
+struct BackwardArgs {
+  using A = acc_t<T>;
+  const T *q, *k, *v, *out, *dout;  // as in ForwardArgs (dout like out)
+  const A* lse;                      // LseLayout
+  const A* dlse;                     // LseLayout, or null
+  A* delta;                          // LseLayout scratch: rowsum(dout * out) - dlse
+  T *dq, *dk, *dv;                   // like q, k, v
+  TokenLayout q_layout, k_layout, v_layout, out_layout, dout_layout, dq_layout, dk_layout, dv_layout;
+  LseLayout lse_layout;
+  SeqInfo seqs;
+  Window window;
+  Logit<A> logit;
+  int64_t batch, heads_q, heads_kv, group, dim_qk, dim_v;
+  int64_t max_len_q, max_len_k;  // grid bounds
+};
+
+}  // namespace attn_ops::cuda

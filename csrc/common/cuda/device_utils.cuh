@@ -1,0 +1,44 @@
+// Small device helpers shared by the CUDA kernels of every op family.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace attn_ops::cuda {
+
+constexpr int kWarpSize = 32;
+
+// Accumulation type: float for 16-bit and float32 inputs, double for float64.
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
+  }
+  return x;
+}
+
+template <typename T>
+__device__ __forceinline__ acc_t<T> to_acc(T x) {
+  return static_cast<acc_t<T>>(x);
+}
+
+template <typename A>
+__device__ __forceinline__ A neg_inf() {
+  return -std::numeric_limits<A>::infinity();
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Number of streaming multiprocessors of the current device (sizes grids for split-KV).
+inline int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+}  // namespace attn_ops::cuda
