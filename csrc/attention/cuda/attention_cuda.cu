@@ -197,6 +197,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     a.dim_v = shape.head_dim_v.expect_int();
     a.max_len_q = varlen ? longest_sequence(cu_q, max_seqlen_q, total_q) : total_q;
     a.max_len_k = varlen ? longest_sequence(cu_k, max_seqlen_k, total_k) : total_k;
+    at::Tensor dq_accum;  // the tensor-core backward sums dQ over key tiles in fp32
+    if (backward_uses_mma(a)) {
+      dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+      a.dq_accum = dq_accum.mutable_data_ptr<float>();
+      a.dq_accum_layout = token_layout(dq_accum, varlen);
+    }
     launch_attention_backward(a);
   });
   return {dq, dk, dv};

@@ -16,9 +16,15 @@ namespace attn_ops::cuda {
 template <typename T>
 void launch_attention_forward(const ForwardArgs<T>& a);
 
-// Runs the backward described by `a` (a.delta: scratch of the lse's shape).
+// Runs the backward described by `a` (a.delta: scratch of the lse's shape; a.dq_accum: a zeroed fp32 buffer
+// laid out like q when backward_uses_mma(a), else null).
 template <typename T>
 void launch_attention_backward(const BackwardArgs<T>& a);
+
+// Whether launch_attention_backward runs the tensor-core backward for `a` (its pointers, strides and dims
+// set), which needs a.dq_accum.
+template <typename T>
+bool backward_uses_mma(const BackwardArgs<T>& a);
 
 // The tensor-core forward (forward_mma.cu): whether it covers this case, and its launcher.
 bool mma_forward_supported(c10::ScalarType dtype, int64_t dim_qk, int64_t dim_v);
@@ -26,6 +32,14 @@ template <typename T>
 bool mma_forward_aligned(const ForwardArgs<T>& a);  // pointers and strides suit its 16-byte loads
 template <typename T>
 void launch_forward_mma(const ForwardArgs<T>& a);
+
+// The tensor-core backward (backward_mma.cu): whether it covers this case, and its launcher (after
+// backward_delta_kernel; a.dq_accum zeroed).
+bool mma_backward_supported(c10::ScalarType dtype, int64_t dim_qk, int64_t dim_v);
+template <typename T>
+bool mma_backward_aligned(const BackwardArgs<T>& a);  // pointers and strides suit its 16-byte loads
+template <typename T>
+void launch_backward_mma(const BackwardArgs<T>& a);
 
 // Attention of q [B, Tq, Hq, D] over the first cache_seqlens[b] keys of a contiguous cache
 // [B, capacity, Hkv, D] or, with block_table, a paged one [num_blocks, block_size, Hkv, D]; arguments

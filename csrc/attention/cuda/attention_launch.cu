@@ -1,5 +1,5 @@
 // Launchers of the CUDA attention kernels: the row kernels' features-per-lane bucket, the choice between
-// the tensor-core and the row forward, and the split-KV merge.
+// the tensor-core and the row kernels (forward and backward), and the split-KV merge.
 #include "attention/cuda/attention_cuda.h"
 #include "attention/cuda/backward_rows.cuh"
 
@@ -51,7 +51,28 @@ bool try_forward_mma(const ForwardArgs<T>& a) {
   return false;
 }
 
+// Runs the tensor-core backward when it covers the case (backward_uses_mma).
+template <typename T>
+bool try_backward_mma(const BackwardArgs<T>& a) {
+  if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+    if (backward_uses_mma(a)) {
+      launch_backward_mma(a);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+template <typename T>
+bool backward_uses_mma(const BackwardArgs<T>& a) {
+  if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+    return mma_backward_supported(c10::CppTypeToScalarType<T>::value, a.dim_qk, a.dim_v) && mma_backward_aligned(a);
+  } else {
+    return false;
+  }
+}
 
 template <typename T>
 void launch_attention_forward(const ForwardArgs<T>& a) {
@@ -79,6 +100,9 @@ void launch_attention_backward(const BackwardArgs<T>& a) {
     backward_delta_kernel<T><<<row_grid(a.max_len_q * a.heads_q, a.batch), block, 0, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  if (try_backward_mma(a)) {
+    return;
+  }
   with_lane_features(std::max(a.dim_qk, a.dim_v), [&](auto n) {
     constexpr int N = decltype(n)::value;
     if (a.max_len_q > 0) {
@@ -94,7 +118,8 @@ void launch_attention_backward(const BackwardArgs<T>& a) {
 
 #define ATTN_OPS_INSTANTIATE(T)                                          \
   template void launch_attention_forward<T>(const ForwardArgs<T>& a); \
-  template void launch_attention_backward<T>(const BackwardArgs<T>& a);
+  template void launch_attention_backward<T>(const BackwardArgs<T>& a); \
+  template bool backward_uses_mma<T>(const BackwardArgs<T>& a);
 ATTN_OPS_INSTANTIATE(float)
 ATTN_OPS_INSTANTIATE(double)
 ATTN_OPS_INSTANTIATE(c10::Half)

@@ -52,6 +52,7 @@
 // the sequence only help load. Long causal prefill schedules the heaviest row tiles first.
 #include "attention/cuda/attention_cuda.h"
 #include "attention/cuda/forward_rows.cuh"
+#include "attention/cuda/mma_fragments.cuh"
 
 #include <c10/util/Exception.h>
 #include <nv/target>
@@ -67,7 +68,6 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kElemBytes = 2;  // float16 / bfloat16
 constexpr int kSlots = 3;  // key-offset slots: tile t + 2 is written while tile t is masked and t + 1 copied
 
 // Tile shape of one (dim_qk, dim_v) pair.
@@ -100,85 +100,12 @@ struct Tile {
 using Tiles = std::tuple<Tile<64, 64, 4, 1, 64>, Tile<96, 96, 4, 1, 64>, Tile<128, 128, 4, 1, 64>,
                          Tile<192, 128, 4, 1, 32>, Tile<256, 256, 4, 1, 32>, Tile<576, 512, 2, 2, 32>>;
 
-// Calls f(tile) with the Tile of (dim_qk, dim_v); false when there is none.
-template <typename F>
-bool with_tile(int64_t dim_qk, int64_t dim_v, F&& f) {
-  return std::apply(
-      [&](auto... tiles) {
-        return ((decltype(tiles)::kDqk == dim_qk && decltype(tiles)::kDv == dim_v && (f(tiles), true)) || ...);
-      },
-      Tiles{});
-}
-
 // Host-computed constants of one launch.
 struct Launch {
   int64_t row_tiles;  // blocks per (batch, KV head): ceil(max_len_q * group / kBlockM)
   int64_t heads_kv;
   bool v_in_k;  // V fragments come from the K tile (v == k with the same layout)
 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; with valid false it reads nothing and zero-fills the destination.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// Waits until at most the newest committed group is still in flight.
-__device__ __forceinline__ void cp_async_wait_all_but_newest() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-
-// Four 8x8 b16 matrices: lanes 8m .. 8m + 7 give the row addresses of matrix m, and r[m] of lane l holds
-// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix m (kTrans: rows 2 (l % 4), 2 (l % 4) + 1 of
-// column l / 4).
-template <bool kTrans>
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  if constexpr (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  }
-}
-
-// d += A B for one m16n8k16 step, with g = lane / 4 and c = 2 (lane % 4):
-//   a[0] = A[g][c, c+1]   a[1] = A[g+8][c, c+1]   a[2] = A[g][c+8, c+9]   a[3] = A[g+8][c+8, c+9]
-//   b0 = B[c, c+1][g]     b1 = B[c+8, c+9][g]
-//   d[0], d[1] = D[g][c, c+1]                     d[2], d[3] = D[g+8][c, c+1]
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, c10::Half>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats rounded to T (to nearest even) in one register, `lo` in the low half (the lower column).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if constexpr (std::is_same_v<T, c10::Half>) {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  }
-  return r;
-}
 
 template <typename F>
 __device__ __forceinline__ int warp_reduce(int x, F op) {
@@ -189,17 +116,10 @@ __device__ __forceinline__ int warp_reduce(int x, F op) {
   return x;
 }
 
-// Queues the copy of kRows rows of kCols elements into smem rows of kPitch elements at shared address
-// dst: row r from src + offsets[r], zero-filled when offsets[r] < 0. The threads stride over 16-byte chunks.
+// copy_tile from the row offsets in smem `offsets`.
 template <typename T, int kRows, int kCols, int kPitch, int kThreads>
 __device__ __forceinline__ void copy_rows(uint32_t dst, const T* src, const int64_t* offsets) {
-  constexpr int kPerChunk = 16 / kElemBytes, kChunks = kCols / kPerChunk;  // elements / chunk, chunks / row
-#pragma unroll
-  for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = c % kChunks * kPerChunk;
-    const int64_t off = offsets[r];
-    cp_async_16(dst + (r * kPitch + col) * kElemBytes, off >= 0 ? src + off + col : src, off >= 0);
-  }
+  copy_tile<T, kRows, kCols, kPitch, kThreads>(dst, src, [&](int r) { return offsets[r]; });
 }
 
 // One block: kBlockM rows of one (batch, KV head) against the keys of split blockIdx.y.
@@ -538,24 +458,15 @@ void launch_tile(const ForwardArgs<T>& a) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-bool strides_divisible(const TokenLayout& x, int64_t n) {
-  return x.batch_stride % n == 0 && x.token_stride % n == 0 && x.head_stride % n == 0;
-}
-
-bool pointer_aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
-
 }  // namespace
 
 // sm_80+ with room for the tile's smem without V from K (sm_86 / sm_89 have 99 KB per block: no 256/256 and
 // no 576/512 there; an A100, 163 KB: no 576/512).
 bool mma_forward_supported(c10::ScalarType dtype, int64_t dim_qk, int64_t dim_v) {
   int64_t smem = -1;
-  if ((dtype != c10::kHalf && dtype != c10::kBFloat16) ||
-      !with_tile(dim_qk, dim_v, [&](auto tile) { smem = decltype(tile)::smem_bytes(false); })) {
-    return false;
-  }
-  const cudaDeviceProp* device = at::cuda::getCurrentDeviceProperties();
-  return device->major >= 8 && smem <= static_cast<int64_t>(device->sharedMemPerBlockOptin);
+  return (dtype == c10::kHalf || dtype == c10::kBFloat16) &&
+         with_tile<Tiles>(dim_qk, dim_v, [&](auto tile) { smem = decltype(tile)::smem_bytes(false); }) &&
+         mma_smem_fits(smem);
 }
 
 // Q, K and V rows are copied in 16-byte chunks; out is stored in pairs of T, partial_out in pairs of float.
@@ -571,7 +482,7 @@ bool mma_forward_aligned(const ForwardArgs<T>& a) {
 
 template <typename T>
 void launch_forward_mma(const ForwardArgs<T>& a) {
-  const bool found = with_tile(a.dim_qk, a.dim_v, [&](auto tile) { launch_tile<T, decltype(tile)>(a); });
+  const bool found = with_tile<Tiles>(a.dim_qk, a.dim_v, [&](auto tile) { launch_tile<T, decltype(tile)>(a); });
   TORCH_INTERNAL_ASSERT(found, "launch_forward_mma: no tile for head dims ", a.dim_qk, "/", a.dim_v);
 }
 

@@ -171,6 +171,10 @@ struct BackwardArgs {
   Logit<A> logit;
   int64_t batch, heads_q, heads_kv, group, dim_qk, dim_v;
   int64_t max_len_q, max_len_k;  // grid bounds
+  // Tensor-core backward only (backward_mma.cu), else null: fp32 dQ summed over key tiles by atomics, then
+  // converted to dq. Laid out like q ([batch, len_q, heads_q, dim_qk] / [total_q, heads_q, dim_qk]).
+  float* dq_accum = nullptr;
+  TokenLayout dq_accum_layout;
 };
 
 }  // namespace attn_ops::cuda
