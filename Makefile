@@ -7,7 +7,8 @@ PYTHON ?= python3
 # The extension is built against the torch already installed (no build isolation), so the ABI matches.
 install:
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
-	$(PYTHON) -m pip install -q --no-build-isolation -e .
+	@start=$$(date +%s); $(PYTHON) -m pip install -q --no-build-isolation -e . && \
+	  echo "== extension built in $$(( $$(date +%s) - start )) s"
 
 demo: install
 	$(PYTHON) examples/demo.py
