@@ -75,6 +75,24 @@ ForwardArgs<T> forward_tensors(const at::Tensor& q, const at::Tensor& k, const a
   return a;
 }
 
+// The fields ForwardArgs and BackwardArgs share for attention / attention_backward: sequences (cu_q, cu_k:
+// contiguous cu_seqlens, undefined when dense), window, logit, sizes.
+template <typename Args>
+void set_problem(Args& a, const AttentionShape& shape, const AttentionOptions& opts, const at::Tensor& cu_q,
+                 const at::Tensor& cu_k) {
+  using A = decltype(a.logit.scale);
+  const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
+  a.seqs = SeqInfo{cu_q.defined() ? cu_q.const_data_ptr<int32_t>() : nullptr,
+                   cu_k.defined() ? cu_k.const_data_ptr<int32_t>() : nullptr, nullptr, total_q, total_k};
+  a.window = make_window(opts.window_left, opts.effective_window_right(), std::max(total_q, total_k));
+  a.logit = Logit<A>{static_cast<A>(attention_scale(shape, opts)), static_cast<A>(opts.softcap)};
+  a.batch = shape.batch.expect_int();
+  a.heads_q = shape.heads_q.expect_int();
+  a.group = a.heads_q / shape.heads_kv.expect_int();
+  a.dim_qk = shape.head_dim_qk.expect_int();
+  a.dim_v = shape.head_dim_v.expect_int();
+}
+
 // Allocates the split-KV partial buffers of `a` (kept alive by the returned tensors) and sets keys_per_split.
 template <typename T>
 std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t splits, int64_t max_len_k,
@@ -114,22 +132,13 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   const int64_t max_len_k = varlen ? longest_sequence(cu_k, max_seqlen_k, total_k) : total_k;
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
-    using A = acc_t<scalar_t>;
     ForwardArgs<scalar_t> a = forward_tensors<scalar_t>(q, k, v, out, lse);
     a.q_layout = token_layout(q, varlen);
     a.out_layout = token_layout(out, varlen);
     a.k_layout.rows = token_layout(k, varlen);
     a.v_layout.rows = token_layout(v, varlen);
     a.lse_layout = lse_layout(lse, varlen);
-    a.seqs = SeqInfo{varlen ? cu_q.const_data_ptr<int32_t>() : nullptr,
-                     varlen ? cu_k.const_data_ptr<int32_t>() : nullptr, nullptr, total_q, total_k};
-    a.window = make_window(opts.window_left, opts.effective_window_right(), std::max(total_q, total_k));
-    a.logit = Logit<A>{static_cast<A>(attention_scale(shape, opts)), static_cast<A>(softcap)};
-    a.batch = shape.batch.expect_int();
-    a.heads_q = shape.heads_q.expect_int();
-    a.group = a.heads_q / shape.heads_kv.expect_int();
-    a.dim_qk = shape.head_dim_qk.expect_int();
-    a.dim_v = shape.head_dim_v.expect_int();
+    set_problem(a, shape, opts, cu_q, cu_k);
     a.max_len_q = max_len_q;
     const int64_t splits = choose_splits(a.batch, a.heads_q / a.group, a.group, max_len_q, max_len_k);
     [[maybe_unused]] const auto partials = set_splits(a, splits, max_len_k, q.options());
@@ -185,16 +194,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     a.dk_layout = token_layout(dk, varlen);
     a.dv_layout = token_layout(dv, varlen);
     a.lse_layout = lse_layout(lse_c, varlen);
-    a.seqs = SeqInfo{varlen ? cu_q.const_data_ptr<int32_t>() : nullptr,
-                     varlen ? cu_k.const_data_ptr<int32_t>() : nullptr, nullptr, total_q, total_k};
-    a.window = make_window(opts.window_left, opts.effective_window_right(), std::max(total_q, total_k));
-    a.logit = Logit<A>{static_cast<A>(attention_scale(shape, opts)), static_cast<A>(softcap)};
-    a.batch = shape.batch.expect_int();
-    a.heads_q = shape.heads_q.expect_int();
+    set_problem(a, shape, opts, cu_q, cu_k);
     a.heads_kv = shape.heads_kv.expect_int();
-    a.group = a.heads_q / a.heads_kv;
-    a.dim_qk = shape.head_dim_qk.expect_int();
-    a.dim_v = shape.head_dim_v.expect_int();
     a.max_len_q = varlen ? longest_sequence(cu_q, max_seqlen_q, total_q) : total_q;
     a.max_len_k = varlen ? longest_sequence(cu_k, max_seqlen_k, total_k) : total_k;
     at::Tensor dq_accum;  // the tensor-core backward sums dQ over key tiles in fp32
