@@ -9,22 +9,6 @@
 namespace attn_ops::cuda {
 namespace {
 
-int64_t address(const at::Tensor& t) { return reinterpret_cast<int64_t>(t.const_data_ptr()); }
-
-// Whether rows of `cache` and `src` (strides `src_strides`) can be copied 16 bytes at a time.
-bool wide_rows(const at::Tensor& cache, const at::Tensor& src, std::initializer_list<int64_t> cache_strides,
-               std::initializer_list<int64_t> src_strides) {
-  const int64_t elem = src.element_size();
-  bool ok = all_16_byte_aligned({address(cache), address(src), src.size(-1) * elem});
-  for (const int64_t s : cache_strides) {
-    ok = ok && s * elem % 16 == 0;
-  }
-  for (const int64_t s : src_strides) {
-    ok = ok && s * elem % 16 == 0;
-  }
-  return ok;
-}
-
 void kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& cache_seqlens) {
   check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens);
@@ -34,8 +18,9 @@ void kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, 
     const AppendOffsets offsets{lens.const_data_ptr<int32_t>(), src.size(1),   cache.size(1),
                                 cache.stride(0), cache.stride(1), cache.stride(2),
                                 src.stride(0),   src.stride(1),   src.stride(2)};
-    const bool wide = wide_rows(cache, src, {cache.stride(0), cache.stride(1), cache.stride(2)},
-                                {src.stride(0), src.stride(1), src.stride(2)});
+    const bool wide = wide_rows(cache.data_ptr(), src.const_data_ptr(), src.size(-1), src.element_size(),
+                                {cache.stride(0), cache.stride(1), cache.stride(2), src.stride(0), src.stride(1),
+                                 src.stride(2)});
     launch_copy_rows(cache.data_ptr(), src.const_data_ptr(), src.size(0) * src.size(1), src.size(2), src.size(3),
                      src.element_size(), wide, offsets);
   }
@@ -47,21 +32,15 @@ void paged_kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_c
   const c10::cuda::CUDAGuard guard(k_cache.device());
   const at::Tensor slots = slot_mapping.contiguous();
   for (const auto& [cache, src] : {std::pair<const at::Tensor&, const at::Tensor&>{k_cache, k}, {v_cache, v}}) {
-    const bool wide = wide_rows(cache, src, {cache.stride(0), cache.stride(1), cache.stride(2)},
-                                {src.stride(0), src.stride(1)});
-    auto copy = [&](const auto* index) {
-      using Index = std::remove_const_t<std::remove_pointer_t<decltype(index)>>;
-      const SlotOffsets<Index> offsets{index,           cache.size(0) * cache.size(1), cache.size(1),
-                                       cache.stride(0), cache.stride(1),               cache.stride(2),
-                                       src.stride(0),   src.stride(1)};
+    const bool wide = wide_rows(cache.data_ptr(), src.const_data_ptr(), src.size(-1), src.element_size(),
+                                {cache.stride(0), cache.stride(1), cache.stride(2), src.stride(0), src.stride(1)});
+    with_index_data(slots, [&](const auto* index) {
+      const SlotOffsets<pointee_t<decltype(index)>> offsets{
+          index, cache.size(0) * cache.size(1), cache.size(1), cache.stride(0), cache.stride(1), cache.stride(2),
+          src.stride(0), src.stride(1)};
       launch_copy_rows(cache.data_ptr(), src.const_data_ptr(), src.size(0), src.size(1), src.size(2),
                        src.element_size(), wide, offsets);
-    };
-    if (slots.scalar_type() == at::kLong) {
-      copy(slots.const_data_ptr<int64_t>());
-    } else {
-      copy(slots.const_data_ptr<int32_t>());
-    }
+    });
   }
 }
 

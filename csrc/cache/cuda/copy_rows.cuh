@@ -71,14 +71,17 @@ __global__ void copy_rows_kernel(char* dst, const char* src, int64_t tokens, int
   }
 }
 
-// Whether every value (pointers as integers, byte strides, the row size) is a multiple of 16 bytes.
-inline bool all_16_byte_aligned(std::initializer_list<int64_t> byte_values) {
-  for (const int64_t x : byte_values) {
-    if (x % 16 != 0) {
-      return false;
-    }
+// Whether rows of `dim` elements of elem_size bytes can be copied 16 bytes at a time: the row is a
+// multiple of 16 bytes, and so are both base addresses and every element stride of either side.
+inline bool wide_rows(const void* dst, const void* src, int64_t dim, int64_t elem_size,
+                      std::initializer_list<int64_t> strides) {
+  const auto aligned = [](int64_t bytes) { return bytes % 16 == 0; };
+  bool ok = aligned(reinterpret_cast<int64_t>(dst)) && aligned(reinterpret_cast<int64_t>(src)) &&
+            aligned(dim * elem_size);
+  for (const int64_t stride : strides) {
+    ok = ok && aligned(stride * elem_size);
   }
-  return true;
+  return ok;
 }
 
 // Copies `dim` elements of elem_size bytes for every (token, head) row that `offsets` maps; `wide`: every

@@ -1,6 +1,7 @@
 // Small device helpers shared by the CUDA kernels of every op family.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/BFloat16.h>
@@ -37,6 +38,21 @@ __device__ __forceinline__ A neg_inf() {
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Calls f(data) with the data of a contiguous int32 or int64 index tensor, as const int32_t* or
+// const int64_t* (slot mappings and positions may be either).
+template <typename F>
+void with_index_data(const at::Tensor& index, F&& f) {
+  if (index.scalar_type() == at::kLong) {
+    f(index.const_data_ptr<int64_t>());
+  } else {
+    f(index.const_data_ptr<int32_t>());
+  }
+}
+
+// The element type behind a pointer given to a with_index_data callback.
+template <typename Pointer>
+using pointee_t = std::remove_const_t<std::remove_pointer_t<Pointer>>;
 
 // Number of streaming multiprocessors of the current device (sizes grids for split-KV).
 inline int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }

@@ -14,8 +14,6 @@
 namespace attn_ops::cuda {
 namespace {
 
-int64_t address(const void* p) { return reinterpret_cast<int64_t>(p); }
-
 void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
                            const std::optional<at::Tensor>& slot_mapping) {
@@ -23,27 +21,21 @@ void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_k
   const c10::cuda::CUDAGuard guard(latent_cache.device());
   const int64_t elem = latent_cache.element_size();
   const int64_t cache0 = latent_cache.stride(0), cache1 = latent_cache.stride(1);
+  // Where the rows go, read on the device by both copies.
+  const at::Tensor slots = slot_mapping.has_value() ? slot_mapping->contiguous() : at::Tensor();
+  const at::Tensor lens = slot_mapping.has_value() ? at::Tensor() : cache_seqlens->contiguous();
   // latent_cache[row, :d_c] = c_kv, latent_cache[row, d_c:] = k_pe
   for (const auto& [src, column] : {std::pair<const at::Tensor&, int64_t>{c_kv, 0}, {k_pe, c_kv.size(-1)}}) {
     char* dst = static_cast<char*>(latent_cache.data_ptr()) + column * elem;
     const int64_t src0 = src.stride(0), src1 = src.dim() == 3 ? src.stride(1) : 0;
-    const bool wide = all_16_byte_aligned({address(dst), address(src.const_data_ptr()), src.size(-1) * elem,
-                                           cache0 * elem, cache1 * elem, src0 * elem, src1 * elem});
-    if (slot_mapping.has_value()) {
-      const at::Tensor slots = slot_mapping->contiguous();
-      auto copy = [&](const auto* index) {
-        using Index = std::remove_const_t<std::remove_pointer_t<decltype(index)>>;
-        const SlotOffsets<Index> offsets{index, latent_cache.size(0) * latent_cache.size(1), latent_cache.size(1),
-                                         cache0, cache1, 0, src0, 0};
+    const bool wide = wide_rows(dst, src.const_data_ptr(), src.size(-1), elem, {cache0, cache1, src0, src1});
+    if (slots.defined()) {
+      with_index_data(slots, [&](const auto* index) {
+        const SlotOffsets<pointee_t<decltype(index)>> offsets{
+            index, latent_cache.size(0) * latent_cache.size(1), latent_cache.size(1), cache0, cache1, 0, src0, 0};
         launch_copy_rows(dst, src.const_data_ptr(), src.size(0), 1, src.size(-1), elem, wide, offsets);
-      };
-      if (slots.scalar_type() == at::kLong) {
-        copy(slots.const_data_ptr<int64_t>());
-      } else {
-        copy(slots.const_data_ptr<int32_t>());
-      }
+      });
     } else {
-      const at::Tensor lens = cache_seqlens->contiguous();
       const AppendOffsets offsets{lens.const_data_ptr<int32_t>(), src.size(1), latent_cache.size(1), cache0, cache1, 0,
                                   src0, src1, 0};
       launch_copy_rows(dst, src.const_data_ptr(), src.size(0) * src.size(1), 1, src.size(-1), elem, wide, offsets);

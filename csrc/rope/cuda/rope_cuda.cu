@@ -99,27 +99,22 @@ void rotate(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& cos,
   const int64_t blocks = std::min<int64_t>(ceil_div(total, threads), 8 * int64_t(sm_count()));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "attn_ops.rotary_embedding", [&] {
-    auto run = [&](const auto* table, const auto* index) {
-      using C = std::remove_const_t<std::remove_pointer_t<decltype(table)>>;
-      using P = std::remove_const_t<std::remove_pointer_t<decltype(index)>>;
-      const RopeArgs<scalar_t, C, P> a{src.const_data_ptr<scalar_t>(), dst.mutable_data_ptr<scalar_t>(),
-                                       table, sin_c.const_data_ptr<C>(), index, token_indexer(src),
-                                       token_indexer(dst), src.stride(-2), dst.stride(-2), tokens, heads, dim, half,
-                                       cos.size(0), interleaved, inverse, copy_rest};
-      rope_kernel<scalar_t, C, P><<<blocks, threads, 0, stream>>>(a);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    auto with_index = [&](const auto* table) {
-      if (pos.scalar_type() == at::kLong) {
-        run(table, pos.const_data_ptr<int64_t>());
-      } else {
-        run(table, pos.const_data_ptr<int32_t>());
-      }
+    auto run = [&](const auto* table) {
+      using C = pointee_t<decltype(table)>;
+      with_index_data(pos, [&](const auto* index) {
+        using P = pointee_t<decltype(index)>;
+        const RopeArgs<scalar_t, C, P> a{src.const_data_ptr<scalar_t>(), dst.mutable_data_ptr<scalar_t>(),
+                                         table, sin_c.const_data_ptr<C>(), index, token_indexer(src),
+                                         token_indexer(dst), src.stride(-2), dst.stride(-2), tokens, heads, dim, half,
+                                         cos.size(0), interleaved, inverse, copy_rest};
+        rope_kernel<scalar_t, C, P><<<blocks, threads, 0, stream>>>(a);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     };
     if (cos_c.scalar_type() == src.scalar_type()) {
-      with_index(cos_c.const_data_ptr<scalar_t>());
+      run(cos_c.const_data_ptr<scalar_t>());
     } else {
-      with_index(cos_c.const_data_ptr<float>());
+      run(cos_c.const_data_ptr<float>());
     }
   });
 }
