@@ -92,6 +92,9 @@ def make_extension():
     cxx_flags = ["-O3", "-std=c++20", "-fvisibility-inlines-hidden", "-fopenmp"] + cpu_isa_flags()
     common = dict(
         name="attn_ops._C",
+        # Headers too: setuptools skips the whole build when no listed file is newer than the library,
+        # and ninja then recompiles only the sources whose headers changed.
+        depends=sources("csrc/**/*.h") + sources("csrc/**/*.cuh"),
         extra_link_args=["-fopenmp"],
         include_dirs=[os.path.join(ROOT, "csrc")],
         py_limited_api=False,

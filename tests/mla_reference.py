@@ -50,10 +50,10 @@ def _softmax_rows(s, vis):
         return s.clone(), s.new_full(s.shape[:-1], NEG_INF)
     masked = torch.where(vis, s, torch.full_like(s, NEG_INF))
     m = masked.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # NaN / +inf stay: the row becomes NaN
     e = torch.where(vis, torch.exp(masked - m), torch.zeros_like(s))
     l = e.sum(dim=-1, keepdim=True)
-    has = l > 0
+    has = l != 0
     p = e / torch.where(has, l, torch.ones_like(l))
     lse = torch.where(has, m + torch.log(torch.where(has, l, torch.ones_like(l))),
                       torch.full_like(l, NEG_INF))

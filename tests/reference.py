@@ -57,14 +57,15 @@ def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, soft
     vis = vis.expand(B, Hq, Tq, Tk)
     if Tk > 0:
         # Row max over visible keys; detached (softmax and lse do not depend on it) and made safe
-        # (0) for rows that see no key, so that nothing below produces inf - inf or NaN gradients.
+        # (0) for rows that see no key (-inf), so that nothing below produces inf - inf or NaN
+        # gradients. A NaN or +inf max stays: NaN in a visible score makes the row NaN.
         m = torch.where(vis, s, NEG_INF).amax(dim=-1, keepdim=True).detach()
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     else:
         m = s.new_zeros(B, Hq, Tq, 1)
     e = torch.where(vis, torch.exp(torch.where(vis, s, m) - m), torch.zeros_like(s))
     l = e.sum(dim=-1, keepdim=True)
-    has_key = l > 0
+    has_key = l != 0  # NaN sums count as "has a key": NaN reaches out and lse
     l_safe = torch.where(has_key, l, torch.ones_like(l))
     p = e / l_safe
     out = torch.matmul(p, vh)  # [B, Hq, Tq, Dv]; rows with no visible key are exactly 0

@@ -14,7 +14,9 @@ kv_lora_rank 32, qk_rope 16, qk_nope 32, v 32; initializer_range 0.2 so that att
 
 Tolerance (tests/reference.py): |ours - ref64| <= 2 * |same_dtype - ref64| + eps, same_dtype =
 transformers' eager model in the test's dtype, ref64 = transformers' sdpa model in float64 (eager
-rounds its softmax to float32 even for float64). Left padding is tested in float32 only: transformers'
+rounds its softmax to float32 even for float64). transformers computes rotary angles in float32 and
+DeepSeek-V2 even rounds q and k to float32 to rotate them; ref64 computes both in float64 (fixtures
+below), or it would differ from a float64 model by float32 rounding and the rule would compare noise. Left padding is tested in float32 only: transformers'
 eager model gives NaN logits for left-padded float64 batches (a fully masked padding row's float64
 minimum becomes -inf in its float32 softmax, and 0 * NaN then reaches the real tokens).
 """
@@ -27,6 +29,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config,  # noqa: E402
                           DeepseekV3ForCausalLM, DynamicCache)
+from transformers.models.deepseek_v2 import modeling_deepseek_v2  # noqa: E402
 
 from attn_ops.integrations.deepseek import (DeepseekLatentCache, DeepseekMLAAttention,  # noqa: E402
                                             swap_deepseek_attention)
@@ -58,10 +61,41 @@ def build(name, dtype=torch.float32, device="cpu", **overrides):
     return hf, swap_deepseek_attention(copy.deepcopy(hf))
 
 
+def float64_rotary(rotary):
+    """Makes transformers' rotary module (angles in float32 by design) compute them in float64."""
+    def forward(x, position_ids):
+        freqs = (rotary.inv_freq.double()[None, :, None] @ position_ids[:, None, :].double()).transpose(1, 2)
+        if isinstance(rotary, modeling_deepseek_v2.DeepseekV2RotaryEmbedding):  # complex rotation factors
+            return torch.polar(torch.ones_like(freqs), freqs) * rotary.attention_scaling
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * rotary.attention_scaling).to(x.dtype),
+                (emb.sin() * rotary.attention_scaling).to(x.dtype))
+    rotary.forward = forward
+
+
 def sdpa64(hf):
+    """The float64 reference: transformers' sdpa model in float64, rotary included."""
     ref = copy.deepcopy(hf).double()
     ref.set_attn_implementation("sdpa")
+    float64_rotary(ref.model.rotary_emb)
     return ref
+
+
+_v2_apply_rotary_emb = modeling_deepseek_v2.apply_rotary_emb
+
+
+def _v2_apply_rotary_emb_float64(xq, xk, freqs_cis):
+    """DeepSeek-V2's rotation without its float32 rounding of float64 q / k (other dtypes as before)."""
+    if xq.dtype != torch.float64:
+        return _v2_apply_rotary_emb(xq, xk, freqs_cis)
+    f = freqs_cis.unsqueeze(1).to(torch.complex128)
+    rotate = lambda x: torch.view_as_real(torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * f).flatten(3)  # noqa: E731
+    return rotate(xq), rotate(xk)
+
+
+@pytest.fixture(autouse=True)
+def _deepseek_v2_rotates_float64_in_float64(monkeypatch):
+    monkeypatch.setattr(modeling_deepseek_v2, "apply_rotary_emb", _v2_apply_rotary_emb_float64)
 
 
 def left_padded(B=3, T=10, pads=(0, 3, 6), device="cpu"):

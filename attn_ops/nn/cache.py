@@ -76,11 +76,6 @@ def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, 
             _per_layer(num_layers, (*rows, num_kv_heads, head_dim_v), dtype, device))
 
 
-def _rows_view(t: Tensor, batch_size: int) -> Tensor:
-    """The first ``batch_size`` rows of ``t`` (``t`` itself when that is all of them)."""
-    return t if batch_size == t.shape[0] else t[:batch_size]
-
-
 def _row_list(rows: Rows, n: int, what: str) -> List[int]:
     if isinstance(rows, Tensor):
         rows = rows.reshape(-1).tolist()
@@ -104,11 +99,20 @@ class _CacheBase:
     def _storage(self) -> List[Tensor]:
         raise NotImplementedError
 
+    def _rows(self, t: Tensor, batch_size: int) -> Tensor:
+        """The first ``batch_size`` rows of ``t`` (``t`` itself when that is all of them); a batch larger
+        than the cache is the caller's mistake, said as such (not as an op's index error)."""
+        rows = t.shape[0]
+        if batch_size > rows:
+            raise ValueError(f"{type(self).__name__}: the input has batch size {batch_size}, but the cache "
+                             f"has only {rows} rows")
+        return t if batch_size == rows else t[:batch_size]
+
     # ---- used inside a (possibly compiled) forward: tensor ops only -------------------------
     def positions(self, batch_size: int, num_tokens: int) -> Tensor:
         """``int32 [B, T]``: the cache positions of the next ``T`` tokens of rows ``0 .. B-1``
         (``seqlens[b] + t``)."""
-        seqlens = _rows_view(self.seqlens, batch_size)
+        seqlens = self._rows(self.seqlens, batch_size)
         t = torch.arange(num_tokens, dtype=torch.int32, device=seqlens.device)
         return seqlens.unsqueeze(1) + t
 
@@ -116,7 +120,7 @@ class _CacheBase:
         """Add ``num_tokens`` to the lengths of rows ``0 .. batch_size-1`` (all rows by default), in
         place. The attention modules call it after the last layer (``layer_idx == num_layers - 1``);
         call it yourself only when you append with the ops directly."""
-        rows = self.seqlens if batch_size is None else _rows_view(self.seqlens, batch_size)
+        rows = self.seqlens if batch_size is None else self._rows(self.seqlens, batch_size)
         rows.add_(num_tokens)
 
     # ---- host side, between steps ------------------------------------------------------------
@@ -240,8 +244,8 @@ class KVCache(_ContiguousRows, _KVCacheBase):
         lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
         self._check_layer(layer_idx)
         B = k.shape[0]
-        _ops.kv_cache_append(_rows_view(self.k[layer_idx], B), _rows_view(self.v[layer_idx], B), k, v,
-                             _rows_view(self.seqlens, B))
+        _ops.kv_cache_append(self._rows(self.k[layer_idx], B), self._rows(self.v[layer_idx], B), k, v,
+                             self._rows(self.seqlens, B))
 
     def attend(self, layer_idx: int, q: Tensor, *, scale: Optional[float] = None,
                window_left: int = -1, softcap: float = 0.0) -> Tensor:
@@ -250,8 +254,8 @@ class KVCache(_ContiguousRows, _KVCacheBase):
         self._check_layer(layer_idx)
         B, T = q.shape[0], q.shape[1]
         out, _ = _ops.attention_with_kvcache(
-            q, _rows_view(self.k[layer_idx], B), _rows_view(self.v[layer_idx], B),
-            _rows_view(self.seqlens, B) + T, scale=scale, causal=True, window_left=window_left,
+            q, self._rows(self.k[layer_idx], B), self._rows(self.v[layer_idx], B),
+            self._rows(self.seqlens, B) + T, scale=scale, causal=True, window_left=window_left,
             softcap=softcap)
         return out
 
@@ -378,6 +382,23 @@ class _PagedBase(_CacheBase):
         self.block_table.copy_(table.to(self.block_table.device))
 
     # ---- used inside a (possibly compiled) forward ---------------------------------------------
+    def _write(self, append, num_tokens: int) -> None:
+        """Runs ``append()`` (a paged append op call). Eagerly, an out-of-range slot means the allocator
+        assigned no block for these tokens, so the error says to call :meth:`reserve` (compiled code
+        gets the op's own message: its values are checked when the graph runs)."""
+        if torch.compiler.is_compiling():
+            append()
+            return
+        try:
+            append()
+        except RuntimeError as e:
+            if "slot_mapping[" not in str(e):
+                raise
+            raise RuntimeError(
+                f"{type(self).__name__}.append: the {num_tokens} new token(s) of a row reach past the blocks "
+                f"assigned to it: call reserve({num_tokens}) before each step (outside compiled code). "
+                f"The op said: {e}") from e
+
     def slot_mapping(self, batch_size: int, num_tokens: int) -> Tensor:
         """``int64 [B * T]``: the cache slot (``block * block_size + offset``) of the next ``T``
         tokens of rows ``0 .. B-1``, row-major. Positions outside what the row's blocks cover map to
@@ -385,7 +406,7 @@ class _PagedBase(_CacheBase):
         pos = self.positions(batch_size, num_tokens).long()
         blk_idx = torch.div(pos, self.block_size, rounding_mode="floor")
         offset = pos - blk_idx * self.block_size
-        table = _rows_view(self.block_table, batch_size).long()
+        table = self._rows(self.block_table, batch_size).long()
         blk = torch.gather(table, 1, blk_idx.clamp(max=self.max_blocks_per_seq - 1))
         blk = torch.where(blk_idx < self.max_blocks_per_seq, blk, self.num_blocks)
         return (blk * self.block_size + offset).reshape(-1)
@@ -420,8 +441,9 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
         lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
         self._check_layer(layer_idx)
         B, T = k.shape[0], k.shape[1]
-        _ops.paged_kv_cache_append(self.k[layer_idx], self.v[layer_idx], k.flatten(0, 1),
-                                   v.flatten(0, 1), self.slot_mapping(B, T))
+        slots = self.slot_mapping(B, T)
+        self._write(lambda: _ops.paged_kv_cache_append(self.k[layer_idx], self.v[layer_idx], k.flatten(0, 1),
+                                                       v.flatten(0, 1), slots), T)
 
     def attend(self, layer_idx: int, q: Tensor, *, scale: Optional[float] = None,
                window_left: int = -1, softcap: float = 0.0) -> Tensor:
@@ -430,8 +452,8 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
         self._check_layer(layer_idx)
         B, T = q.shape[0], q.shape[1]
         out, _ = _ops.attention_with_kvcache(
-            q, self.k[layer_idx], self.v[layer_idx], _rows_view(self.seqlens, B) + T,
-            block_table=_rows_view(self.block_table, B), scale=scale, causal=True,
+            q, self.k[layer_idx], self.v[layer_idx], self._rows(self.seqlens, B) + T,
+            block_table=self._rows(self.block_table, B), scale=scale, causal=True,
             window_left=window_left, softcap=softcap)
         return out
 
@@ -498,8 +520,8 @@ class LatentKVCache(_ContiguousRows, _LatentCacheBase):
         lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
         self._check_layer(layer_idx)
         B = c_kv.shape[0]
-        _ops.mla_cache_append(_rows_view(self.latent[layer_idx], B), c_kv, k_pe,
-                              cache_seqlens=_rows_view(self.seqlens, B))
+        _ops.mla_cache_append(self._rows(self.latent[layer_idx], B), c_kv, k_pe,
+                              cache_seqlens=self._rows(self.seqlens, B))
 
     def attend(self, layer_idx: int, q_latent: Tensor, q_rope: Tensor, *, scale: float) -> Tensor:
         """Absorbed causal attention (:func:`attn_ops.mla_decode`) of ``q_latent [B, T, H, d_c]`` /
@@ -507,8 +529,8 @@ class LatentKVCache(_ContiguousRows, _LatentCacheBase):
         ``out_latent [B, T, H, d_c]``."""
         self._check_layer(layer_idx)
         B, T = q_latent.shape[0], q_latent.shape[1]
-        out, _ = _ops.mla_decode(q_latent, q_rope, _rows_view(self.latent[layer_idx], B),
-                                 _rows_view(self.seqlens, B) + T, scale=scale)
+        out, _ = _ops.mla_decode(q_latent, q_rope, self._rows(self.latent[layer_idx], B),
+                                 self._rows(self.seqlens, B) + T, scale=scale)
         return out
 
     def __repr__(self) -> str:
@@ -532,16 +554,17 @@ class PagedLatentKVCache(_PagedBase, _LatentCacheBase):
         lengths of rows ``0 .. B-1`` (the lengths are not changed)."""
         self._check_layer(layer_idx)
         B, T = c_kv.shape[0], c_kv.shape[1]
-        _ops.mla_cache_append(self.latent[layer_idx], c_kv.flatten(0, 1), k_pe.flatten(0, 1),
-                              slot_mapping=self.slot_mapping(B, T))
+        slots = self.slot_mapping(B, T)
+        self._write(lambda: _ops.mla_cache_append(self.latent[layer_idx], c_kv.flatten(0, 1), k_pe.flatten(0, 1),
+                                                  slot_mapping=slots), T)
 
     def attend(self, layer_idx: int, q_latent: Tensor, q_rope: Tensor, *, scale: float) -> Tensor:
         """As :meth:`LatentKVCache.attend`, over the paged cache."""
         self._check_layer(layer_idx)
         B, T = q_latent.shape[0], q_latent.shape[1]
         out, _ = _ops.mla_decode(q_latent, q_rope, self.latent[layer_idx],
-                                 _rows_view(self.seqlens, B) + T, scale=scale,
-                                 block_table=_rows_view(self.block_table, B))
+                                 self._rows(self.seqlens, B) + T, scale=scale,
+                                 block_table=self._rows(self.block_table, B))
         return out
 
     def __repr__(self) -> str:

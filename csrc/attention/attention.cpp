@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 
 namespace attn_ops {
 namespace {
@@ -71,12 +72,19 @@ void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::Sy
               ")");
 }
 
-void check_score_options(const char* op, std::optional<double> scale, int64_t window_left, int64_t window_right,
-                         double softcap) {
+void check_score_options(const char* op, c10::ScalarType dtype, std::optional<double> scale, int64_t window_left,
+                         int64_t window_right, double softcap) {
   TORCH_CHECK(window_left >= -1, op, ": window_left must be >= -1 (-1 means unbounded), got ", window_left);
   TORCH_CHECK(window_right >= -1, op, ": window_right must be >= -1 (-1 means unbounded), got ", window_right);
-  TORCH_CHECK(softcap >= 0.0, op, ": softcap must be >= 0 (0 disables it), got ", softcap);
-  TORCH_CHECK(!scale.has_value() || std::isfinite(*scale), op, ": scale must be finite, got ", scale.value_or(0.0));
+  const bool f64 = dtype == at::kDouble;
+  const double largest = f64 ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+  const double smallest = f64 ? std::numeric_limits<double>::min() : std::numeric_limits<float>::min();
+  const char* acc = f64 ? "float64" : "float32, the accumulation type of this input dtype";
+  TORCH_CHECK(softcap == 0.0 || (softcap >= smallest && softcap <= largest), op,
+              ": softcap must be 0 (disabled) or in [", smallest, ", ", largest, "] (representable in ", acc,
+              "), got ", softcap);
+  TORCH_CHECK(!scale.has_value() || std::abs(*scale) <= largest, op, ": scale must be finite with |scale| <= ",
+              largest, " (representable in ", acc, "), got ", scale.value_or(0.0));
 }
 
 AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -131,7 +139,7 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
               k.sym_size(hd + 1));
   check_head_dims(op, s.head_dim_qk, s.head_dim_v);
 
-  check_score_options(op, opts.scale, opts.window_left, opts.window_right, opts.softcap);
+  check_score_options(op, q.scalar_type(), opts.scale, opts.window_left, opts.window_right, opts.softcap);
   TORCH_CHECK(!opts.max_seqlen_q.has_value() || *opts.max_seqlen_q >= 0, op, ": max_seqlen_q must be >= 0, got ",
               opts.max_seqlen_q.value_or(0));
   TORCH_CHECK(!opts.max_seqlen_k.has_value() || *opts.max_seqlen_k >= 0, op, ": max_seqlen_k must be >= 0, got ",

@@ -73,7 +73,7 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
   TORCH_CHECK(k_cache.sym_size(3) == s.head_dim, op, ": k_cache must have head_dim ", s.head_dim, " (as q), got ",
               k_cache.sym_size(3));
   check_head_dims(op, s.head_dim, s.head_dim_v);
-  check_score_options(op, scale, window_left, window_right, softcap);
+  check_score_options(op, q.scalar_type(), scale, window_left, window_right, softcap);
 
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
                      cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == s.batch, shape_str({s.batch}));

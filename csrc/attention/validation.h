@@ -60,8 +60,10 @@ void check_head_dims(const char* op, const c10::SymInt& head_dim_qk, const c10::
 
 // Shared by every attention-like op: head counts (heads_q a multiple of heads_kv >= 1) and the score options.
 void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::SymInt& heads_kv);
-void check_score_options(const char* op, std::optional<double> scale, int64_t window_left, int64_t window_right,
-                         double softcap);
+// scale and softcap must be representable in the kernels' accumulation type (float32 for every input dtype
+// but float64): a scale that overflows, or a softcap that overflows or rounds to 0, would change the result.
+void check_score_options(const char* op, c10::ScalarType dtype, std::optional<double> scale, int64_t window_left,
+                         int64_t window_right, double softcap);
 
 // The extra checks of attention_backward (dout, out, lse, dlse against the forward shape).
 void check_attention_backward_inputs(

@@ -14,6 +14,7 @@ namespace {
 void check_cache_tensors(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                          const at::Tensor& v) {
   check_float_dtype(op, "k_cache", k_cache);
+  check_one_device(op, {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k", k}, {"v", v}});
   check_same_dtype_device(op, "v_cache", v_cache, "k_cache", k_cache);
   check_same_dtype_device(op, "k", k, "k_cache", k_cache);
   check_same_dtype_device(op, "v", v, "k_cache", k_cache);
@@ -21,6 +22,13 @@ void check_cache_tensors(const char* op, const at::Tensor& k_cache, const at::Te
   check_last_dim_contiguous(op, "v_cache", v_cache);
   check_last_dim_contiguous(op, "k", k);
   check_last_dim_contiguous(op, "v", v);
+}
+
+// k_cache and v_cache are written: neither may overlap itself or any other argument.
+void check_cache_targets(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                         const at::Tensor& v, const NamedTensor& index) {
+  check_in_place_target(op, {"k_cache", k_cache}, {{"v_cache", v_cache}, {"k", k}, {"v", v}, index});
+  check_in_place_target(op, {"v_cache", v_cache}, {{"k", k}, {"v", v}, index});
 }
 
 }  // namespace
@@ -71,6 +79,7 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
   if (can_read_values(cache_seqlens)) {
     check_append_lengths(op, cache_seqlens, k.size(1), k_cache.size(1));
   }
+  check_cache_targets(op, k_cache, v_cache, k, v, {"cache_seqlens", cache_seqlens});
 }
 
 void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
@@ -96,6 +105,7 @@ void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Ten
   if (can_read_values(slot_mapping)) {
     check_slot_values(op, slot_mapping, k_cache.size(0), k_cache.size(1));
   }
+  check_cache_targets(op, k_cache, v_cache, k, v, {"slot_mapping", slot_mapping});
 }
 
 namespace {

@@ -1,5 +1,10 @@
-// can_read_values: the one place that knows when a value check must be skipped.
+// can_read_values (the one place that knows when a value check must be skipped) and the checks that
+// compare several arguments.
 #include "common/checks.h"
+
+#include <ATen/MemoryOverlap.h>
+
+#include <sstream>
 
 #ifdef ATTN_OPS_WITH_CUDA
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -19,6 +24,46 @@ bool can_read_values(const at::Tensor& t) {
   }
 #endif
   return true;
+}
+
+void check_in_place_target(const char* op, const NamedTensor& target, std::initializer_list<NamedTensor> others) {
+  const at::Tensor& out = target.tensor;
+  if (out.is_meta()) {
+    return;
+  }
+  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, op, ": ", target.name,
+              " is written in place but some of its elements share memory (a dimension of size > 1 with stride 0, ",
+              "as from expand()), got shape ", shape_str(out), " and strides ", out.strides(),
+              "; write into a tensor that owns its elements (e.g. .clone() it)");
+  for (const NamedTensor& other : others) {
+    if (!other.tensor.defined() || other.tensor.is_meta()) {
+      continue;
+    }
+    const at::MemOverlapStatus status = at::get_overlap_status(out, other.tensor);
+    TORCH_CHECK(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial, op, ": ",
+                target.name, " is written in place and must not share memory with ", other.name,
+                ", but they overlap; pass separate tensors (e.g. .clone() one of them)");
+  }
+}
+
+void check_one_device(const char* op, std::initializer_list<NamedTensor> tensors) {
+  const c10::Device first = tensors.begin()->tensor.device();
+  bool same = true;
+  for (const NamedTensor& t : tensors) {
+    same = same && t.tensor.device() == first;
+  }
+  if (same) {
+    return;
+  }
+  std::ostringstream names, devices;
+  size_t i = 0;
+  for (const NamedTensor& t : tensors) {
+    const char* sep = i == 0 ? "" : (i + 1 == tensors.size() ? " and " : ", ");
+    names << sep << t.name;
+    devices << (i == 0 ? "" : ", ") << t.name << " on " << t.tensor.device();
+    ++i;
+  }
+  TORCH_CHECK(false, op, ": ", names.str(), " must be on the same device, got ", devices.str());
 }
 
 }  // namespace attn_ops

@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <initializer_list>
+
 namespace attn_ops {
 
 // Whether a check may read the values of `t`. Not those of meta and fake tensors (torch.compile tracing),
@@ -62,5 +64,20 @@ inline void check_index_tensor(const char* op, const char* name, const at::Tenso
               allow_int64 ? "int32 or int64" : "int32", " tensor of shape ", shape_text, ", got ",
               dtype_name(t.scalar_type()), " tensor of shape ", shape_str(t));
 }
+
+// A tensor argument and its name in the schema, for checks that look at several arguments at once.
+struct NamedTensor {
+  const char* name;
+  const at::Tensor& tensor;
+};
+
+// The tensor `name` that an in-place op writes: no two of its elements may share memory (a dimension of
+// stride 0, as expand() makes), and it may not overlap any of `others` (the op's other arguments), as
+// PyTorch's own in-place ops require. Skipped for meta / fake tensors (no memory to compare).
+void check_in_place_target(const char* op, const NamedTensor& target, std::initializer_list<NamedTensor> others);
+
+// All of `tensors` are on one device; otherwise the message lists every argument's device, so the odd one
+// out is plain to see.
+void check_one_device(const char* op, std::initializer_list<NamedTensor> tensors);
 
 }  // namespace attn_ops

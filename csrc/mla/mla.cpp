@@ -11,12 +11,16 @@
 namespace attn_ops {
 namespace {
 
-// The latent cache's last dim is d_c + d_rope of the given tensors.
-void check_latent_width(const char* op, const at::Tensor& latent_cache, const c10::SymInt& d_c,
-                        const c10::SymInt& d_rope, const char* from) {
+// The latent cache's last dim is d_c + d_rope, the last dims of the tensors `latent_name` and `rope_name`,
+// with d_c >= 1 and d_c + d_rope within the head-dim limit of every attention op.
+void check_latent_width(const char* op, const at::Tensor& latent_cache, const char* latent_name,
+                        const c10::SymInt& d_c, const char* rope_name, const c10::SymInt& d_rope) {
+  TORCH_CHECK(d_c >= 1, op, ": kv_lora_rank (the last dim of ", latent_name, ") must be at least 1, got ", d_c);
+  TORCH_CHECK(d_c + d_rope <= kMaxHeadDim, op, ": kv_lora_rank + rope_dim must be at most ", kMaxHeadDim, ", got ",
+              d_c, " + ", d_rope, " = ", d_c + d_rope);
   TORCH_CHECK(latent_cache.sym_size(-1) == d_c + d_rope, op, ": latent_cache must have last dim kv_lora_rank + ",
-              "rope_dim = ", d_c, " + ", d_rope, " = ", d_c + d_rope, " (from ", from, "), got ",
-              latent_cache.sym_size(-1));
+              "rope_dim = ", d_c, " + ", d_rope, " = ", d_c + d_rope, " (from ", latent_name, " and ", rope_name,
+              "), got ", latent_cache.sym_size(-1));
 }
 
 }  // namespace
@@ -38,6 +42,7 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
     check_rank(op, "c_kv", c_kv, 3, "[batch, seqlen_new, kv_lora_rank]");
   }
   check_float_dtype(op, "latent_cache", latent_cache);
+  check_one_device(op, {{"latent_cache", latent_cache}, {"c_kv", c_kv}, {"k_pe", k_pe}});
   check_same_dtype_device(op, "c_kv", c_kv, "latent_cache", latent_cache);
   check_same_dtype_device(op, "k_pe", k_pe, "latent_cache", latent_cache);
   check_last_dim_contiguous(op, "latent_cache", latent_cache);
@@ -47,7 +52,7 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
   TORCH_CHECK(k_pe.dim() == c_kv.dim() && k_pe.sym_sizes().slice(0, k_pe.dim() - 1) == leading, op,
               ": k_pe must have shape ", shape_str(leading).insert(shape_str(leading).size() - 1, ", *"),
               " (the leading dims of c_kv), got ", shape_str(k_pe));
-  check_latent_width(op, latent_cache, c_kv.sym_size(-1), k_pe.sym_size(-1), "c_kv and k_pe");
+  check_latent_width(op, latent_cache, "c_kv", c_kv.sym_size(-1), "k_pe", k_pe.sym_size(-1));
   if (paged) {
     const at::Tensor& slots = *slot_mapping;
     check_index_tensor(op, "slot_mapping", slots, /*allow_int64=*/true,
@@ -68,6 +73,9 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
       check_append_lengths(op, lens, c_kv.size(1), latent_cache.size(1));
     }
   }
+  const at::Tensor& index = paged ? *slot_mapping : *cache_seqlens;
+  check_in_place_target(op, {"latent_cache", latent_cache},
+                        {{"c_kv", c_kv}, {"k_pe", k_pe}, {paged ? "slot_mapping" : "cache_seqlens", index}});
 }
 
 void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
@@ -93,13 +101,14 @@ void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rop
   TORCH_CHECK(q_rope.sym_size(0) == ql[0] && q_rope.sym_size(1) == ql[1] && q_rope.sym_size(2) == ql[2], op,
               ": q_rope must have shape [", ql[0], ", ", ql[1], ", ", ql[2],
               ", *] (batch, seqlen_q, heads of q_latent), got ", shape_str(q_rope));
-  check_latent_width(op, latent_cache, ql[3], q_rope.sym_size(3), "q_latent and q_rope");
-  check_head_dims(op, ql[3] + q_rope.sym_size(3), ql[3]);
+  check_latent_width(op, latent_cache, "q_latent", ql[3], "q_rope", q_rope.sym_size(3));
+  // One latent KV head shared by every query head (MQA).
+  TORCH_CHECK(ql[2] >= 1, op, ": q_latent must have at least 1 head, got ", ql[2]);
   if (!paged) {
     TORCH_CHECK(latent_cache.sym_size(0) == ql[0], op, ": latent_cache must have batch size ", ql[0],
                 " (as q_latent), got ", latent_cache.sym_size(0));
   }
-  check_score_options(op, scale, -1, -1, 0.0);
+  check_score_options(op, q_latent.scalar_type(), scale, -1, -1, 0.0);
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
                      cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == ql[0], shape_str({ql[0]}));
   check_same_device(op, "cache_seqlens", cache_seqlens, "q_latent", q_latent);

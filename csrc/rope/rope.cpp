@@ -52,6 +52,13 @@ void check_rotary_inputs(const char* op, const at::Tensor& x, const at::Tensor& 
   }
 }
 
+void check_rotary_inplace_inputs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                 const at::Tensor& positions) {
+  const char* op = "attn_ops.rotary_embedding_";
+  check_rotary_inputs(op, x, cos, sin, positions);
+  check_in_place_target(op, {"x", x}, {{"cos", cos}, {"sin", sin}, {"positions", positions}});
+}
+
 namespace {
 
 at::Tensor rotary_embedding_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -62,7 +69,7 @@ at::Tensor rotary_embedding_meta(const at::Tensor& x, const at::Tensor& cos, con
 
 void rotary_embedding__meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& positions, bool interleaved, bool inverse) {
-  check_rotary_inputs("attn_ops.rotary_embedding_", x, cos, sin, positions);
+  check_rotary_inplace_inputs(x, cos, sin, positions);
 }
 
 }  // namespace

@@ -13,4 +13,9 @@ constexpr int64_t kRotaryMaxDims = 8;
 void check_rotary_inputs(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                          const at::Tensor& positions);
 
+// The checks of rotary_embedding_: those above, and x (written in place) shares memory with neither itself
+// nor cos, sin or positions.
+void check_rotary_inplace_inputs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                 const at::Tensor& positions);
+
 }  // namespace attn_ops

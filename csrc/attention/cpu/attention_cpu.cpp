@@ -60,14 +60,18 @@ std::vector<int64_t> token_starts(const AttentionProblem& p, const AttentionOpti
   return starts;
 }
 
+// The stride of dim d, 0 for a dim of size 1: PyTorch gives such dims any stride (even a huge one), and
+// reading it as 0 keeps every offset and BLAS leading dimension derived from it small.
+int64_t stride_of(const at::Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
+
 SeqLayout layout_of(const at::Tensor& t, const AttentionProblem& p, const std::vector<int64_t>& starts, bool varlen,
                     int64_t seq_dim, int64_t head_dim) {
   SeqLayout l;
-  l.seq_stride = t.stride(seq_dim);
-  l.head_stride = t.stride(head_dim);
+  l.seq_stride = stride_of(t, seq_dim);
+  l.head_stride = stride_of(t, head_dim);
   l.base.resize(p.batch);
   for (int64_t b = 0; b < p.batch; ++b) {
-    l.base[b] = varlen ? starts[b] * l.seq_stride : b * t.stride(0);
+    l.base[b] = varlen ? starts[b] * l.seq_stride : b * stride_of(t, 0);
   }
   return l;
 }
@@ -150,17 +154,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
 // addressed through the block table.
 KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor* block_table, int64_t batch) {
   KeyLayout l;
-  l.rows.seq_stride = cache.stride(1);
-  l.rows.head_stride = cache.stride(2);
+  l.rows.seq_stride = stride_of(cache, 1);
+  l.rows.head_stride = stride_of(cache, 2);
   if (block_table != nullptr) {
     l.block_table = block_table->const_data_ptr<int32_t>();
-    l.block_table_stride = block_table->stride(0);
+    l.block_table_stride = stride_of(*block_table, 0);
     l.block_size = cache.size(1);
-    l.block_stride = cache.stride(0);
+    l.block_stride = stride_of(cache, 0);
   } else {
     l.rows.base.resize(batch);
     for (int64_t b = 0; b < batch; ++b) {
-      l.rows.base[b] = b * cache.stride(0);
+      l.rows.base[b] = b * stride_of(cache, 0);
     }
   }
   return l;

@@ -142,11 +142,11 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
               softcap_row(visible, count, softcap);
             }
             const acc_t old_max = s.row_max[r];
-            const acc_t new_max = std::max(old_max, row_max(visible, count));
+            const acc_t new_max = nan_max(old_max, row_max(visible, count));
             const acc_t tile_sum = exp_shift_sum(visible, count, new_max);
             fill_row(srow, lo, acc_t(0));
             fill_row(srow + hi + 1, n - hi - 1, acc_t(0));
-            if (old_max != new_max) {
+            if (!(old_max == new_max)) {  // also taken once NaN appeared: NaN spreads to the whole row
               const acc_t correction = std::exp(old_max - new_max);  // 0 when old_max is -inf
               s.row_sum[r] *= correction;
               scale_row(s.acc.data() + r * Dv, Dv, correction);
@@ -162,9 +162,11 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
           const int64_t pos = w.q_begin + r / G, h = g * G + r % G;
           const acc_t sum = s.row_sum[r];
           acc_t* acc_row = s.acc.data() + r * Dv;
-          // A row with no visible key has sum 0: output zeros and lse = -inf.
-          scale_row(acc_row, Dv, sum > 0 ? acc_t(1) / sum : acc_t(0));
-          const acc_t row_lse = sum > 0 ? s.row_max[r] + std::log(sum) : neg_inf;
+          // A row with no visible key has sum 0: output zeros and lse = -inf. A NaN sum (NaN in q, k or v's
+          // scores) stays NaN in both.
+          const bool no_key = sum == acc_t(0);
+          scale_row(acc_row, Dv, no_key ? acc_t(0) : acc_t(1) / sum);
+          const acc_t row_lse = no_key ? neg_inf : s.row_max[r] + std::log(sum);
           if (splits == 1) {
             convert_row(acc_row, out + out_layout.at(b, pos, h), Dv);
             lse[lse_layout.at(b, pos, h)] = row_lse;
@@ -187,7 +189,7 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
       const int64_t t = row / Hq, h = row % Hq, b = token_batch[t], pos = t - p.token_q[b];
       acc_t max_lse = neg_inf;
       for (int64_t split = 0; split < splits; ++split) {
-        max_lse = std::max(max_lse, part_lse[split * rows_total + row]);
+        max_lse = nan_max(max_lse, part_lse[split * rows_total + row]);
       }
       fill_row(merged.data(), Dv, acc_t(0));
       acc_t total = 0;

@@ -29,6 +29,14 @@ inline Vec<T> vec_exp(const Vec<T>& x) {
   }
 }
 
+// max(a, b) that propagates NaN (std::max(a, NaN) returns a): a NaN score must reach the output, never
+// pass for "no visible key".
+template <typename T>
+inline T nan_max(T a, T b) {
+  return std::isnan(b) ? b : std::max(a, b);
+}
+
+// The largest of n values, NaN if any is NaN (at::vec::maximum propagates NaN too).
 template <typename T>
 inline T row_max(const T* x, int64_t n) {
   constexpr int64_t W = Vec<T>::size();
@@ -42,7 +50,7 @@ inline T row_max(const T* x, int64_t n) {
     m = at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return at::vec::maximum(a, b); }, vm);
   }
   for (; i < n; ++i) {
-    m = std::max(m, x[i]);
+    m = nan_max(m, x[i]);
   }
   return m;
 }
@@ -152,7 +160,7 @@ template <typename scalar_t, typename acc_t>
 const acc_t* load_key_tile(const scalar_t* src, int64_t seq_stride, int64_t n, int64_t dim, acc_t* buffer,
                            int64_t* ld) {
   if constexpr (std::is_same_v<scalar_t, acc_t>) {
-    if (seq_stride >= dim) {
+    if (seq_stride >= dim && seq_stride <= std::numeric_limits<int>::max()) {  // a valid 32-bit BLAS ld
       *ld = seq_stride;
       return src;
     }

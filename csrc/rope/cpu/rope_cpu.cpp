@@ -94,7 +94,7 @@ at::Tensor rotary_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, cons
 
 void rotary_embedding__cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                            const at::Tensor& positions, bool interleaved, bool inverse) {
-  check_rotary_inputs("attn_ops.rotary_embedding_", x, cos, sin, positions);
+  check_rotary_inplace_inputs(x, cos, sin, positions);
   rotate_dispatch(x, x, cos, sin, positions, interleaved, inverse);
 }
 

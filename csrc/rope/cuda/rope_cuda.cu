@@ -129,7 +129,7 @@ at::Tensor rotary_embedding_cuda(const at::Tensor& x, const at::Tensor& cos, con
 
 void rotary_embedding__cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& positions, bool interleaved, bool inverse) {
-  check_rotary_inputs("attn_ops.rotary_embedding_", x, cos, sin, positions);
+  check_rotary_inplace_inputs(x, cos, sin, positions);
   rotate(x, x, cos, sin, positions, interleaved, inverse);
 }
 

@@ -1,0 +1,338 @@
+"""Seeded fuzz test of every op: invalid and extreme inputs, crash-isolated.
+
+Each case starts from a valid call of one op (random small shapes, dtype, layout) and applies 0-2
+random mutations: a wrong dtype / rank / device, a zero-size or stride-2 last dim, an expanded or
+aliased output, index values out of range, NaN / inf / huge / tiny values, options float32 cannot
+hold. Every case must end in one of two ways, never a crash:
+  * a RuntimeError / ValueError whose message starts with "attn_ops.<op>: " and names an argument
+    (or a dimension of one), with no byte of any written tensor's storage changed (bytes outside the
+    view included);
+  * a result that matches the float64 reference (NaN exactly where the reference has NaN).
+
+All cases first run in child processes (tests/crash_isolation.py), so a crash fails its case only;
+then they run again here for the checks. ATTN_OPS_FUZZ_SEED / ATTN_OPS_FUZZ_CASES change the seed
+and the number of cases (defaults: a fixed seed, 240 cases, about 30 s on 2 cores).
+"""
+import math
+import os
+import random
+import re
+
+import pytest
+import torch
+
+import attn_ops
+import crash_isolation
+from kvcache_reference import attention_with_kvcache_ref, kv_cache_append_ref_, paged_kv_cache_append_ref_
+from mla_reference import mla_cache_append_ref_, mla_decode_ref, paged_mla_cache_append_ref_
+from reference import attention_ref
+from rope_reference import rope_ref
+
+SEED = int(os.environ.get("ATTN_OPS_FUZZ_SEED", "20261124"))
+NUM_CASES = int(os.environ.get("ATTN_OPS_FUZZ_CASES", "240"))
+FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+# Dimension names that messages use besides the schema's argument names.
+DIM_NAMES = ("heads_q", "heads_kv", "head_dim", "kv_lora_rank", "rope_dim", "seqlen", "batch", "capacity")
+TOL = {torch.float64: 1e-9, torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def _rand(rng, shape, dtype):
+    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+class Case:
+    """One call: op name, positional args, kwargs, which args it writes, and its reference."""
+
+    def __init__(self, op, args, kwargs, written, reference):
+        self.op, self.args, self.kwargs, self.written, self.reference = op, list(args), kwargs, written, reference
+
+    def call(self):
+        return getattr(attn_ops, self.op)(*self.args, **self.kwargs)
+
+
+# ---- valid starting points ------------------------------------------------------------------------
+
+def _attention(rng):
+    dtype = rng.choice(FLOATS)
+    B, Tq, Tk, Hkv = rng.randint(0, 3), rng.randint(0, 40), rng.randint(0, 70), rng.choice([1, 2])
+    Hq, D = Hkv * rng.choice([1, 3]), rng.choice([8, 16, 24])
+    kw = dict(causal=rng.random() < 0.5, softcap=rng.choice([0.0, 0.0, 5.0]),
+              window_left=rng.choice([-1, -1, 4]), window_right=rng.choice([-1, 2]))
+    q, k, v = _rand(rng, (B, Tq, Hq, D), dtype), _rand(rng, (B, Tk, Hkv, D), dtype), _rand(rng, (B, Tk, Hkv, D), dtype)
+
+    def ref(c):
+        return attention_ref(*c.args, **c.kwargs)
+    return Case("attention", (q, k, v), kw, [], ref)
+
+
+def _with_kvcache(rng):
+    dtype = rng.choice(FLOATS)
+    B, Tq, Hkv, D = rng.randint(0, 3), rng.randint(1, 4), rng.choice([1, 2]), rng.choice([8, 16])
+    Hq = Hkv * rng.choice([1, 4])
+    paged = rng.random() < 0.5
+    bs, cap = rng.choice([1, 4, 16]), 32
+    lens = torch.tensor([rng.randint(Tq, cap) for _ in range(B)], dtype=torch.int32)
+    q = _rand(rng, (B, Tq, Hq, D), dtype)
+    if paged:
+        nblk = B * (cap // bs) + 2
+        kc, vc = _rand(rng, (nblk, bs, Hkv, D), dtype), _rand(rng, (nblk, bs, Hkv, D), dtype)
+        perm = torch.randperm(nblk, generator=torch.Generator().manual_seed(rng.randrange(2 ** 31)))
+        kw = dict(block_table=perm[:B * (cap // bs)].reshape(B, cap // bs).to(torch.int32))
+    else:
+        kc, vc = _rand(rng, (B, cap, Hkv, D), dtype), _rand(rng, (B, cap, Hkv, D), dtype)
+        kw = {}
+    kw.update(softcap=rng.choice([0.0, 3.0]), window_left=rng.choice([-1, 5]))
+
+    def ref(c):
+        return attention_with_kvcache_ref(*c.args, **c.kwargs)
+    return Case("attention_with_kvcache", (q, kc, vc, lens), kw, [], ref)
+
+
+def _kv_append(rng):
+    dtype = rng.choice(FLOATS)
+    B, T, H, D = rng.randint(0, 3), rng.randint(0, 4), rng.choice([1, 2]), rng.choice([8, 16])
+    cap = 12
+    kc, vc = _rand(rng, (B, cap, H, D), dtype), _rand(rng, (B, cap, H, D), dtype)
+    lens = torch.tensor([rng.randint(0, cap - T) for _ in range(B)], dtype=torch.int32)
+    k, v = _rand(rng, (B, T, H, D), dtype), _rand(rng, (B, T, H, D), dtype)
+
+    def ref(c):
+        kc2, vc2 = c.args[0].clone(), c.args[1].clone()
+        kv_cache_append_ref_(kc2, vc2, *c.args[2:])
+        return kc2, vc2
+    return Case("kv_cache_append", (kc, vc, k, v, lens), {}, [0, 1], ref)
+
+
+def _paged_append(rng):
+    dtype = rng.choice(FLOATS)
+    nblk, bs, N, H, D = rng.randint(1, 5), rng.choice([1, 3, 16]), rng.randint(0, 6), rng.choice([1, 2]), 8
+    kc, vc = _rand(rng, (nblk, bs, H, D), dtype), _rand(rng, (nblk, bs, H, D), dtype)
+    free = list(range(nblk * bs))
+    rng.shuffle(free)
+    slots = torch.tensor([free[i] if i < len(free) and rng.random() < 0.8 else -1 for i in range(N)],
+                         dtype=rng.choice([torch.int32, torch.int64]))
+
+    def ref(c):
+        kc2, vc2 = c.args[0].clone(), c.args[1].clone()
+        paged_kv_cache_append_ref_(kc2, vc2, *c.args[2:])
+        return kc2, vc2
+    return Case("paged_kv_cache_append", (kc, vc, _rand(rng, (N, H, D), dtype), _rand(rng, (N, H, D), dtype), slots),
+                {}, [0, 1], ref)
+
+
+def _rotary(rng, in_place):
+    dtype = rng.choice(FLOATS)
+    B, T, H, half = rng.randint(0, 3), rng.randint(0, 5), rng.choice([1, 3]), rng.choice([2, 4])
+    D = 2 * half + rng.choice([0, 2])
+    maxpos = 16
+    x = _rand(rng, (B, T, H, D), dtype)
+    cos, sin = _rand(rng, (maxpos, half), torch.float32), _rand(rng, (maxpos, half), torch.float32)
+    pos = torch.randint(0, maxpos, (B, T), generator=torch.Generator().manual_seed(rng.randrange(2 ** 31)))
+    kw = dict(interleaved=rng.random() < 0.5, inverse=rng.random() < 0.3)
+
+    def ref(c):
+        return rope_ref(*c.args, **c.kwargs)
+    return Case("rotary_embedding_" if in_place else "rotary_embedding", (x, cos, sin, pos.to(torch.int32)), kw,
+                [0] if in_place else [], ref)
+
+
+def _mla_append(rng):
+    dtype = rng.choice(FLOATS)
+    d_c, d_r = rng.choice([8, 16]), rng.choice([0, 4])
+    if rng.random() < 0.5:
+        B, T, cap = rng.randint(0, 3), rng.randint(0, 3), 8
+        lc = _rand(rng, (B, cap, d_c + d_r), dtype)
+        lens = torch.tensor([rng.randint(0, cap - T) for _ in range(B)], dtype=torch.int32)
+
+        def ref(c):
+            lc2 = c.args[0].clone()
+            mla_cache_append_ref_(lc2, *c.args[1:], c.kwargs["cache_seqlens"])
+            return lc2
+        return Case("mla_cache_append", (lc, _rand(rng, (B, T, d_c), dtype), _rand(rng, (B, T, d_r), dtype)),
+                    dict(cache_seqlens=lens), [0], ref)
+    nblk, bs, N = rng.randint(1, 4), rng.choice([1, 4]), rng.randint(0, 5)
+    lc = _rand(rng, (nblk, bs, d_c + d_r), dtype)
+    # A slot written twice in one call has no defined winner: repeats become -1 (skip).
+    slots = torch.tensor(_unique_or_skip([rng.randrange(-1, nblk * bs) for _ in range(N)]), dtype=torch.int64)
+
+    def ref_paged(c):
+        lc2 = c.args[0].clone()
+        paged_mla_cache_append_ref_(lc2, *c.args[1:], c.kwargs["slot_mapping"])
+        return lc2
+    return Case("mla_cache_append", (lc, _rand(rng, (N, d_c), dtype), _rand(rng, (N, d_r), dtype)),
+                dict(slot_mapping=slots), [0], ref_paged)
+
+
+def _unique_or_skip(slots):
+    seen, out = set(), []
+    for s in slots:
+        out.append(s if s == -1 or s not in seen else -1)
+        seen.add(s)
+    return out
+
+
+def _mla_decode(rng):
+    dtype = rng.choice(FLOATS)
+    B, Tq, H, d_c, d_r = rng.randint(0, 3), rng.randint(0, 3), rng.choice([1, 4]), rng.choice([8, 16]), 4
+    cap = 24
+    lens = torch.tensor([rng.randint(Tq, cap) for _ in range(B)], dtype=torch.int32)
+    ql, qr = _rand(rng, (B, Tq, H, d_c), dtype), _rand(rng, (B, Tq, H, d_r), dtype)
+    kw = dict(scale=rng.choice([0.1, 1.0, (d_c + d_r) ** -0.5]))
+    if rng.random() < 0.5:
+        bs = rng.choice([1, 8])
+        nblk = B * (cap // bs) + 1
+        lc = _rand(rng, (nblk, bs, d_c + d_r), dtype)
+        perm = torch.randperm(nblk, generator=torch.Generator().manual_seed(rng.randrange(2 ** 31)))
+        kw["block_table"] = perm[:B * (cap // bs)].reshape(B, cap // bs).to(torch.int32)
+    else:
+        lc = _rand(rng, (B, cap, d_c + d_r), dtype)
+
+    def ref(c):
+        return mla_decode_ref(*c.args, **c.kwargs)
+    return Case("mla_decode", (ql, qr, lc, lens), kw, [], ref)
+
+
+BUILDERS = [_attention, _with_kvcache, _kv_append, _paged_append, lambda r: _rotary(r, True),
+            lambda r: _rotary(r, False), _mla_append, _mla_decode]
+
+
+# ---- mutations ---------------------------------------------------------------------------------------
+
+def _tensor_slots(case):
+    """(container, key) of every tensor argument, positional and keyword."""
+    slots = [(case.args, i) for i, a in enumerate(case.args) if isinstance(a, torch.Tensor)]
+    return slots + [(case.kwargs, k) for k, a in case.kwargs.items() if isinstance(a, torch.Tensor)]
+
+
+def _mutate(rng, case):
+    slots = _tensor_slots(case)
+    where, key = rng.choice(slots)
+    t = where[key]
+    kind = rng.choice(["dtype", "rank", "meta", "zero_dim", "stride2", "expand", "alias", "values", "values",
+                       "index", "index", "option", "option"])
+    if kind == "dtype":
+        where[key] = t.to(rng.choice([torch.int32, torch.int64, torch.float32, torch.float64, torch.bfloat16,
+                                      torch.bool]))
+    elif kind == "rank" and t.dim() > 0:
+        where[key] = t.unsqueeze(0) if rng.random() < 0.5 else t.flatten(0, 1) if t.dim() > 1 else t[None]
+    elif kind == "meta":
+        where[key] = torch.empty_like(t, device="meta")
+    elif kind == "zero_dim" and t.dim() > 0:
+        where[key] = t.narrow(rng.randrange(t.dim()), 0, 0)
+    elif kind == "stride2" and t.dim() > 0 and t.shape[-1] > 0:
+        wide = torch.cat([t, t], -1).contiguous()
+        where[key] = wide[..., ::2]
+    elif kind == "expand" and t.dim() > 0 and t.numel() > 0:
+        where[key] = t.narrow(0, 0, 1).expand(max(2, t.shape[0]), *t.shape[1:])
+    elif kind == "alias" and len(slots) > 1:
+        w2, k2 = rng.choice(slots)
+        where[key] = w2[k2]
+    elif kind == "values" and t.is_floating_point() and t.numel() > 0:
+        flat = t.view(-1) if t.is_contiguous() else None
+        if flat is not None:
+            flat[rng.randrange(t.numel())] = rng.choice([float("nan"), float("inf"), -float("inf")])
+        else:
+            where[key] = t * rng.choice([1e4, 1e-30])
+    elif kind == "index" and not t.is_floating_point() and t.numel() > 0 and t.dtype != torch.bool:
+        t.view(-1)[rng.randrange(t.numel())] = rng.choice([-5, -1, 2 ** 31 - 1, 40, 1000])
+    elif kind == "option":
+        name, value = rng.choice([("scale", 1e300), ("scale", float("nan")), ("scale", 0.0), ("scale", 1e-40),
+                                  ("softcap", float("inf")), ("softcap", 1e-50), ("softcap", -1.0),
+                                  ("window_left", -2), ("window_left", 2 ** 40), ("causal", False)])
+        if case.op in ("attention", "attention_with_kvcache") or (case.op == "mla_decode" and name in ("scale",
+                                                                                                          "causal")):
+            case.kwargs[name] = value
+
+
+def make_case(index):
+    rng = random.Random(SEED * 1000003 + index)
+    case = rng.choice(BUILDERS)(rng)
+    for _ in range(rng.choice([0, 1, 1, 2])):
+        _mutate(rng, case)
+    return case
+
+
+CASES = {f"case{i}": (lambda i=i: _run_quietly(i)) for i in range(NUM_CASES)}
+
+
+def _run_quietly(index):
+    """What the child process runs: the call alone (its outcome is checked in the parent)."""
+    case = make_case(index)
+    try:
+        case.call()
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):
+        pass
+
+
+# ---- checks ------------------------------------------------------------------------------------------
+
+def _storage_bytes(t):
+    if t.device.type == "meta":
+        return None
+    return bytes(t.untyped_storage().cpu())
+
+
+def _names(case):
+    schema = getattr(torch.ops.attn_ops, case.op).default._schema
+    return [a.name for a in schema.arguments] + list(DIM_NAMES)
+
+
+def _close(ours, ref, dtype, what):
+    ours, ref = ours.detach().double(), ref.detach().double()
+    assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} != reference {tuple(ref.shape)}"
+    nan_ref, nan_ours = torch.isnan(ref), torch.isnan(ours)
+    assert torch.equal(nan_ref, nan_ours), f"{what}: NaN at {int((nan_ref != nan_ours).sum())} places the " \
+                                           f"reference does not agree with"
+    ok = ~nan_ref
+    scale = max(1.0, ref[ok & torch.isfinite(ref)].abs().max().item()) if (ok & torch.isfinite(ref)).any() else 1.0
+    torch.testing.assert_close(ours[ok], ref[ok], rtol=TOL[dtype], atol=TOL[dtype] * scale, msg=what)
+
+
+def check_case(index):
+    case = make_case(index)
+    before = {i: _storage_bytes(case.args[i]) for i in case.written}
+    try:
+        result = case.call()
+    except (RuntimeError, ValueError) as e:
+        msg = str(e).splitlines()[0]
+        assert msg.startswith(f"attn_ops.{case.op}: "), f"message does not name the op: {msg!r}"
+        assert any(re.search(rf"\b{re.escape(n)}\b", msg) for n in _names(case)), \
+            f"message names no argument: {msg!r}"
+        for i, b in before.items():
+            assert _storage_bytes(case.args[i]) == b, f"rejected call wrote into argument {i}: {msg!r}"
+        return "rejected"
+    written = [case.args[i] for i in case.written]
+    if any(t.device.type == "meta" for t in case.args if isinstance(t, torch.Tensor)):
+        return "meta"
+    # Accepted: the values must match the reference, run on copies of the original inputs.
+    ref_case = make_case(index)
+    expected = case.reference(ref_case)
+    got = written if written else result
+    got = got if isinstance(got, (list, tuple)) else [got]
+    expected = expected if isinstance(expected, (list, tuple)) else [expected]
+    for n, (g, e) in enumerate(zip(got, expected)):
+        if isinstance(e, torch.Tensor):
+            _close(g, e.to(g.device), g.dtype if g.is_floating_point() and g.dtype in TOL else torch.float32,
+                   f"output {n}")
+    return "accepted"
+
+
+def test_fuzz_never_crashes():
+    report = crash_isolation.crash_report("test_fuzz", "CASES", list(CASES), timeout=600)
+    crashed = {k: v for k, v in report.items() if v is not None}
+    assert not crashed, f"crashed cases (rerun with make_case(i)): {crashed}"
+
+
+def test_fuzz_rejects_clearly_or_matches_reference():
+    outcomes, failures = {}, []
+    for i in range(NUM_CASES):
+        try:
+            outcome = check_case(i)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        except AssertionError as e:
+            case = make_case(i)
+            failures.append(f"case{i} ({case.op}): {str(e).splitlines()[0]}")
+    assert not failures, "\n".join(failures)
+    # The generator must exercise both sides.
+    assert outcomes.get("rejected", 0) > NUM_CASES // 10 and outcomes.get("accepted", 0) > NUM_CASES // 10, outcomes

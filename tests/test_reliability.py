@@ -1,0 +1,327 @@
+"""Regression tests of the reliability audit: each test failed before its fix.
+
+1. mla_decode with zero heads crashed (SIGFPE): it skipped the head-count check its sibling makes.
+2. In-place ops accepted outputs that overlap themselves (expanded) or another argument.
+3. In-place ops on tensors that autograd tracks, and double backward through attention, gave wrong
+   gradients (or zeros) instead of an error.
+4. A NaN in an input was hidden as "no visible key" (zeros, lse -inf) or depended on the thread count.
+5. softcap / scale values that float32 cannot hold silently changed the result.
+6. A size-1 dim with a huge stride (legal) failed with an internal BLAS message.
+7. Messages that blamed the wrong argument or missed the cause.
+"""
+import re
+
+import pytest
+import torch
+
+import attn_ops
+import crash_isolation
+from attn_ops.nn import GroupedQueryAttention, KVCache, PagedKVCache
+from reference import attention_ref
+from test_kvcache_errors import _assert_unchanged, _snapshot, i32
+
+
+def _raises(msg, fn, *snapshot_of):
+    """fn() raises RuntimeError/ValueError containing msg and leaves snapshot_of unchanged."""
+    snap = _snapshot(*snapshot_of)
+    with pytest.raises((RuntimeError, ValueError), match=re.escape(msg)):
+        fn()
+    _assert_unchanged(snap)
+
+
+# ---- 1. mla_decode: head count checked, no crash ---------------------------------------------------
+
+def _mla_zero_heads():
+    attn_ops.mla_decode(torch.randn(1, 1, 0, 16), torch.randn(1, 1, 0, 4), torch.randn(1, 8, 20),
+                        i32([3]), scale=0.1)
+
+
+def _mla_zero_heads_paged():
+    attn_ops.mla_decode(torch.randn(1, 1, 0, 16), torch.randn(1, 1, 0, 4), torch.randn(3, 4, 20),
+                        i32([3]), scale=0.1, block_table=i32([[0, 1]]))
+
+
+CRASH_CASES = {"zero_heads": _mla_zero_heads, "zero_heads_paged": _mla_zero_heads_paged}
+
+
+def test_mla_decode_zero_heads_does_not_crash():
+    report = crash_isolation.crash_report("test_reliability", "CRASH_CASES", list(CRASH_CASES), timeout=120)
+    assert all(v is None for v in report.values()), report
+    for case in CRASH_CASES.values():
+        _raises("attn_ops.mla_decode: q_latent must have at least 1 head, got 0", case)
+
+
+@pytest.mark.parametrize("batch, tq", [(0, 1), (2, 0), (0, 0)])
+@pytest.mark.parametrize("paged", [False, True])
+def test_mla_decode_empty_batch_or_queries(batch, tq, paged):
+    """B = 0 or Tq = 0 is valid: empty outputs of the right shapes."""
+    ql, qr = torch.randn(batch, tq, 4, 16), torch.randn(batch, tq, 4, 4)
+    if paged:
+        out, lse = attn_ops.mla_decode(ql, qr, torch.randn(3, 4, 20), i32([3] * batch), scale=0.1,
+                                       block_table=torch.zeros(batch, 2, dtype=torch.int32))
+    else:
+        out, lse = attn_ops.mla_decode(ql, qr, torch.randn(batch, 8, 20), i32([3] * batch), scale=0.1)
+    assert out.shape == (batch, tq, 4, 16) and lse.shape == (batch, 4, tq)
+
+
+# ---- 2. in-place writes into overlapping memory ----------------------------------------------------
+
+def test_rotary_inplace_refuses_expanded_x():
+    x = torch.randn(1, 1, 2, 8).expand(3, 1, 2, 8)
+    cos, sin = torch.randn(16, 4), torch.randn(16, 4)
+    _raises("attn_ops.rotary_embedding_: x is written in place but some of its elements share memory",
+            lambda: attn_ops.rotary_embedding_(x, cos, sin, i32([[0], [1], [2]])), x)
+
+
+def test_rotary_inplace_refuses_x_aliasing_cos():
+    table = torch.randn(16, 8)
+    x = table.view(16, 1, 8)  # x shares cos's memory
+    _raises("attn_ops.rotary_embedding_: x is written in place and must not share memory with cos",
+            lambda: attn_ops.rotary_embedding_(x, table[:, :4], torch.randn(16, 4),
+                                               torch.arange(16, dtype=torch.int32)), table)
+
+
+def test_cache_appends_refuse_expanded_caches():
+    kc = torch.randn(1, 8, 2, 4).expand(2, 8, 2, 4)
+    vc = torch.randn(2, 8, 2, 4)
+    k, v = torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)
+    _raises("attn_ops.kv_cache_append: k_cache is written in place but some of its elements share memory",
+            lambda: attn_ops.kv_cache_append(kc, vc, k, v, i32([0, 1])), kc, vc)
+    pkc = torch.randn(1, 4, 2, 4).expand(3, 4, 2, 4)
+    _raises("attn_ops.paged_kv_cache_append: k_cache is written in place but some of its elements share memory",
+            lambda: attn_ops.paged_kv_cache_append(pkc, torch.randn(3, 4, 2, 4), k[:, 0], v[:, 0], i32([0, 5])),
+            pkc)
+    lc = torch.randn(1, 8, 20).expand(2, 8, 20)
+    _raises("attn_ops.mla_cache_append: latent_cache is written in place but some of its elements share memory",
+            lambda: attn_ops.mla_cache_append(lc, torch.randn(2, 1, 16), torch.randn(2, 1, 4),
+                                              cache_seqlens=i32([0, 1])), lc)
+
+
+def test_cache_append_refuses_k_cache_that_is_v_cache():
+    kc = torch.randn(2, 8, 2, 4)
+    k, v = torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)
+    _raises("attn_ops.kv_cache_append: k_cache is written in place and must not share memory with v_cache",
+            lambda: attn_ops.kv_cache_append(kc, kc, k, v, i32([0, 1])), kc)
+
+
+def test_cache_append_refuses_source_inside_cache():
+    kc, vc = torch.randn(1, 8, 2, 4), torch.randn(1, 8, 2, 4)
+    k = kc[:, 2:3]  # the new keys are cache rows themselves (contiguous, partially overlapping)
+    _raises("attn_ops.kv_cache_append: k_cache is written in place and must not share memory with k",
+            lambda: attn_ops.kv_cache_append(kc, vc, k, torch.randn(1, 1, 2, 4), i32([0])), kc, vc)
+
+
+# ---- 3. autograd: no silent wrong gradients -------------------------------------------------------
+
+def test_rotary_inplace_refuses_leaf_requiring_grad():
+    x = torch.randn(2, 3, 2, 8, requires_grad=True)
+    cos, sin = torch.randn(8, 4), torch.randn(8, 4)
+    pos = torch.arange(3, dtype=torch.int32).expand(2, 3)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "attn_ops.rotary_embedding_: x requires grad, but attn_ops.rotary_embedding_ is not differentiable")):
+        attn_ops.rotary_embedding_(x, cos, sin, pos)
+
+
+def test_rotary_inplace_refuses_tensor_in_graph():
+    w = torch.randn(2, 3, 2, 8, requires_grad=True)
+    y = w * 2.0
+    cos, sin = torch.randn(8, 4), torch.randn(8, 4)
+    before = y.detach().clone()
+    with pytest.raises(RuntimeError, match="x requires grad"):
+        attn_ops.rotary_embedding_(y, cos, sin, torch.arange(3, dtype=torch.int32).expand(2, 3))
+    assert torch.equal(y.detach(), before)
+
+
+def test_rotary_inplace_bumps_version_so_saved_tensors_are_checked():
+    """x saved for another op's backward, then rotated in place (grad mode off for the write): autograd
+    must notice, as with any PyTorch in-place op."""
+    w = torch.randn(2, 3, 2, 8, requires_grad=True)
+    x = torch.randn(2, 3, 2, 8)
+    y = (w * x).sum()  # mul saves x
+    version = x._version
+    with torch.no_grad():
+        attn_ops.rotary_embedding_(x, torch.randn(8, 4), torch.randn(8, 4),
+                                   torch.arange(3, dtype=torch.int32).expand(2, 3))
+    assert x._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_rotary_inplace_under_no_grad_is_allowed():
+    x = torch.randn(2, 3, 2, 8, requires_grad=True)
+    with torch.no_grad():
+        attn_ops.rotary_embedding_(x, torch.randn(8, 4), torch.randn(8, 4),
+                                   torch.arange(3, dtype=torch.int32).expand(2, 3))
+
+
+def test_cache_append_refuses_cache_requiring_grad_but_stores_grad_values():
+    kc = torch.randn(1, 8, 2, 4, requires_grad=True)
+    vc = torch.randn(1, 8, 2, 4)
+    k, v = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "attn_ops.kv_cache_append: k_cache requires grad, but attn_ops.kv_cache_append is not differentiable")):
+        attn_ops.kv_cache_append(kc, vc, k, v, i32([0]))
+    # Values that require grad are stored (a training forward that fills a cache); no gradient flows.
+    kc = kc.detach()
+    kg = k.clone().requires_grad_()
+    attn_ops.kv_cache_append(kc, vc, kg, v, i32([3]))
+    assert torch.equal(kc[0, 3], k[0, 0]) and not kc.requires_grad
+
+
+def test_double_backward_through_attention_raises():
+    q = torch.randn(1, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    out, _ = attn_ops.attention(q, k, v, causal=True)
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+        g.sum().backward()
+    # First-order gradients still work.
+    out, _ = attn_ops.attention(q, k, v, causal=True)
+    (g,) = torch.autograd.grad(out.square().sum(), q)
+    assert torch.isfinite(g).all()
+
+
+# ---- 4. NaN propagates, deterministically ----------------------------------------------------------
+
+def _with_threads(n, fn):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("tk", [7, 300, 1500])
+def test_nan_propagates_to_the_rows_it_reaches(where, tk):
+    B, Tq, H, D = 1, 3, 2, 16
+    t = {"q": torch.randn(B, Tq, H, D), "k": torch.randn(B, tk, H, D), "v": torch.randn(B, tk, H, D)}
+    t[where][0, 1 if where == "q" else tk // 2, 0, 3] = float("nan")
+    results = [_with_threads(n, lambda: attn_ops.attention(t["q"], t["k"], t["v"])) for n in (1, 2)]
+    for out, lse in results:
+        if where == "q":  # only query row 1 of head 0
+            assert torch.isnan(out[0, 1, 0]).all() and torch.isnan(lse[0, 0, 1])
+            assert torch.isfinite(out[0, [0, 2]]).all() and torch.isfinite(out[0, :, 1]).all()
+        elif where == "k":  # every query of head 0 sees the key
+            assert torch.isnan(out[0, :, 0]).all() and torch.isnan(lse[0, 0]).all()
+            assert torch.isfinite(out[0, :, 1]).all() and torch.isfinite(lse[0, 1]).all()
+        else:  # v: the NaN feature of every row of head 0; lse unaffected
+            assert torch.isnan(out[0, :, 0, 3]).all() and torch.isfinite(lse).all()
+    (o1, l1), (o2, l2) = results
+    assert torch.equal(torch.isnan(o1), torch.isnan(o2)) and torch.equal(torch.isnan(l1), torch.isnan(l2))
+
+
+def test_nan_in_cache_reaches_decode_rows():
+    kc, vc = torch.randn(2, 600, 2, 16), torch.randn(2, 600, 2, 16)
+    kc[1, 400, 1, 0] = float("nan")
+    for n in (1, 2):
+        out, lse = _with_threads(n, lambda: attn_ops.attention_with_kvcache(
+            torch.randn(2, 1, 4, 16), kc, vc, i32([500, 500])))
+        assert torch.isnan(lse[1, 2:]).all() and torch.isnan(out[1, 0, 2:]).all()
+        assert torch.isfinite(lse[0]).all() and torch.isfinite(lse[1, :2]).all()
+
+
+def test_masked_rows_stay_zero_not_nan():
+    """The other side of item 4: a row with no visible key is zeros with lse -inf, never NaN."""
+    q, k, v = torch.randn(4, 1, 8), torch.randn(9, 1, 8), torch.randn(9, 1, 8)
+    out, lse = attn_ops.attention(q, k[:0], v[:0], cu_seqlens_q=i32([0, 4]), cu_seqlens_k=i32([0, 0]))
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+# ---- 5. options float32 cannot hold ----------------------------------------------------------------
+
+@pytest.mark.parametrize("softcap", [float("inf"), 1e39, 1e-50, float("nan")])
+def test_softcap_out_of_float32_range_is_rejected(softcap):
+    q = torch.randn(1, 3, 2, 8)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "attn_ops.attention: softcap must be 0 (disabled) or in [1.17549e-38, 3.40282e+38] (representable in "
+            "float32")):
+        attn_ops.attention(q, q, q, softcap=softcap)
+
+
+@pytest.mark.parametrize("op", ["attention", "attention_with_kvcache", "mla_decode"])
+def test_scale_out_of_float32_range_is_rejected(op):
+    msg = f"attn_ops.{op}: scale must be finite with |scale| <= 3.40282e+38 (representable in float32"
+    with pytest.raises(RuntimeError, match=re.escape(msg)):
+        if op == "attention":
+            q = torch.randn(1, 3, 2, 8, dtype=torch.bfloat16)
+            attn_ops.attention(q, q, q, scale=1e300)
+        elif op == "attention_with_kvcache":
+            kc = torch.randn(1, 4, 2, 8)
+            attn_ops.attention_with_kvcache(torch.randn(1, 1, 2, 8), kc, kc.clone(), i32([3]), scale=-1e300)
+        else:
+            attn_ops.mla_decode(torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 4), torch.randn(1, 8, 20), i32([3]),
+                                scale=1e300)
+
+
+def test_float64_keeps_its_range():
+    q, k, v = (torch.randn(1, 3, 2, 8, dtype=torch.float64) for _ in range(3))
+    out, _ = attn_ops.attention(q, k, v, softcap=1e-50)
+    ref, _ = attention_ref(q, k, v, softcap=1e-50)
+    torch.testing.assert_close(out, ref)
+
+
+# ---- 6. size-1 dims with any stride -----------------------------------------------------------------
+
+def test_size_one_dims_with_huge_strides():
+    H, D = 2, 16
+    base_q, base_k, base_v = torch.randn(1, 1, H, D), torch.randn(1, 1, H, D), torch.randn(1, 1, H, D)
+    huge = 2 ** 40
+    q = base_q.as_strided((1, 1, H, D), (huge, huge, D, 1))
+    k = base_k.as_strided((1, 1, H, D), (huge, huge, D, 1))
+    v = base_v.as_strided((1, 1, H, D), (huge, huge, D, 1))
+    out, lse = attn_ops.attention(q, k, v)
+    ref, ref_lse = attn_ops.attention(base_q, base_k, base_v)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    kc = torch.randn(1, 1, H, D).as_strided((1, 1, H, D), (huge, huge, D, 1))
+    out, _ = attn_ops.attention_with_kvcache(q, kc, kc.clone(memory_format=torch.contiguous_format), i32([1]))
+    assert torch.isfinite(out).all()
+
+
+# ---- 7. messages that name the right argument and the cause ----------------------------------------
+
+def test_module_batch_larger_than_cache_says_so():
+    attn = GroupedQueryAttention(embed_dim=32, num_heads=4, num_kv_heads=2)
+    cache = KVCache(num_layers=1, batch_size=2, capacity=16, num_kv_heads=2, head_dim=8)
+    with torch.no_grad(), pytest.raises(ValueError, match=re.escape(
+            "KVCache: the input has batch size 3, but the cache has only 2 rows")):
+        attn(torch.randn(3, 2, 32), cache=cache)
+
+
+def test_paged_module_without_reserve_names_reserve():
+    attn = GroupedQueryAttention(embed_dim=32, num_heads=4, num_kv_heads=2)
+    cache = PagedKVCache(num_layers=1, num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8, max_batch=2,
+                         max_blocks_per_seq=2)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=re.escape("call reserve(3)")):
+        attn(torch.randn(2, 3, 32), cache=cache)
+
+
+def test_paged_append_with_k_cache_on_meta_blames_k_cache():
+    kc = torch.empty(4, 4, 2, 8, device="meta")
+    msg = ("attn_ops.paged_kv_cache_append: k_cache, v_cache, k and v must be on the same device, got "
+           "k_cache on meta, v_cache on cpu, k on cpu, v on cpu")
+    with pytest.raises(RuntimeError, match=re.escape(msg)):
+        attn_ops.paged_kv_cache_append(kc, torch.randn(4, 4, 2, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8),
+                                       i32([0, 1, 2]))
+
+
+def test_mla_decode_zero_rank_names_kv_lora_rank():
+    with pytest.raises(RuntimeError, match=re.escape(
+            "attn_ops.mla_decode: kv_lora_rank (the last dim of q_latent) must be at least 1, got 0")):
+        attn_ops.mla_decode(torch.randn(1, 1, 2, 0), torch.randn(1, 1, 2, 4), torch.randn(1, 8, 4), i32([3]),
+                            scale=0.1)
+
+
+@pytest.mark.parametrize("op", ["attention_with_kvcache", "mla_decode"])
+def test_zero_queries_is_valid(op):
+    """docs: seqlen_q >= 0 (0 gives empty outputs), as the code does."""
+    if op == "attention_with_kvcache":
+        kc = torch.randn(2, 8, 2, 8)
+        out, lse = attn_ops.attention_with_kvcache(torch.randn(2, 0, 4, 8), kc, kc.clone(), i32([3, 5]))
+        assert out.shape == (2, 0, 4, 8) and lse.shape == (2, 4, 0)
+    else:
+        out, lse = attn_ops.mla_decode(torch.randn(2, 0, 4, 16), torch.randn(2, 0, 4, 4), torch.randn(2, 8, 20),
+                                       i32([3, 5]), scale=0.1)
+        assert out.shape == (2, 0, 4, 16) and lse.shape == (2, 4, 0)
