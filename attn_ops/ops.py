@@ -201,7 +201,7 @@ def rotary_cos_sin(
 
 
 def rotary_embedding(
-    x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, *, interleaved: bool = False
+    x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, *, interleaved: bool = False, inverse: bool = False
 ) -> Tensor:
     """Rotary position embedding of ``x`` ``[..., heads, head_dim]``, out of place and differentiable.
 
@@ -209,16 +209,18 @@ def rotary_embedding(
     ``cos``/``sin`` are ``[max_positions, rotary_dim // 2]`` tables (see :func:`rotary_cos_sin`), float32 or
     ``x``'s dtype; the first ``rotary_dim`` features rotate, the rest pass through. ``interleaved=False``
     pairs ``(x[i], x[i + rotary_dim // 2])`` (HuggingFace ``rotate_half``); ``interleaved=True`` pairs
-    ``(x[2i], x[2i + 1])`` (DeepSeek, GPT-J).
+    ``(x[2i], x[2i + 1])`` (DeepSeek, GPT-J). ``inverse=True`` rotates by the negative angle (undoes the
+    rotation).
     """
-    return torch.ops.attn_ops.rotary_embedding(x, cos, sin, positions, interleaved=interleaved)
+    return torch.ops.attn_ops.rotary_embedding(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
 
 
 def rotary_embedding_(
-    x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, *, interleaved: bool = False
+    x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, *, interleaved: bool = False, inverse: bool = False
 ) -> None:
-    """In-place :func:`rotary_embedding` (inference: rotate q / k just before they are cached). Not differentiable."""
-    torch.ops.attn_ops.rotary_embedding_(x, cos, sin, positions, interleaved=interleaved)
+    """In-place :func:`rotary_embedding` (inference: rotate q / k just before they are cached). Not
+    differentiable: with grad mode on it refuses tensors that require grad (use :func:`rotary_embedding`)."""
+    torch.ops.attn_ops.rotary_embedding_(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
 
 
 def mla_cache_append(

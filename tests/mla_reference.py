@@ -50,7 +50,8 @@ def _softmax_rows(s, vis):
         return s.clone(), s.new_full(s.shape[:-1], NEG_INF)
     masked = torch.where(vis, s, torch.full_like(s, NEG_INF))
     m = masked.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # NaN / +inf stay: the row becomes NaN
+    # 0 for rows without a visible key; NaN, +inf or all -inf visible scores make the row NaN (as SDPA)
+    m = torch.where(vis.any(dim=-1, keepdim=True), m, torch.zeros_like(m))
     e = torch.where(vis, torch.exp(masked - m), torch.zeros_like(s))
     l = e.sum(dim=-1, keepdim=True)
     has = l != 0
@@ -71,7 +72,7 @@ def mla_decode_ref(q_latent, q_rope, latent_cache, cache_seqlens, *, scale, bloc
         # plain 2-D matmuls on contiguous operands (CPU's batched low-precision bmm is very slow)
         c_kv, k_pe = rows[:, :d_c].contiguous(), rows[:, d_c:].contiguous()
         ql = q_latent[b].to(cdt).reshape(Tq * H, d_c)                      # [(Tq, H), d_c]
-        qr = q_rope[b].to(cdt).reshape(Tq * H, -1)                         # [(Tq, H), d_rope]
+        qr = q_rope[b].to(cdt).reshape(Tq * H, q_rope.shape[-1])          # [(Tq, H), d_rope]
         s = (torch.mm(ql, c_kv.t()) + torch.mm(qr, k_pe.t())) * scale      # [(Tq, H), L]
         s = s.reshape(Tq, H, L).permute(1, 0, 2)                           # [H, Tq, L]
         vis = visible_mask(Tq, L, causal=causal, device=s.device).expand(H, Tq, L)

@@ -32,7 +32,7 @@ SEED = int(os.environ.get("ATTN_OPS_FUZZ_SEED", "20261124"))
 NUM_CASES = int(os.environ.get("ATTN_OPS_FUZZ_CASES", "240"))
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # Dimension names that messages use besides the schema's argument names.
-DIM_NAMES = ("heads_q", "heads_kv", "head_dim", "kv_lora_rank", "rope_dim", "seqlen", "batch", "capacity")
+DIM_NAMES = ("heads_q", "heads_kv", "head_dim", "head_dim_qk", "head_dim_v", "kv_lora_rank", "rope_dim", "seqlen", "batch", "capacity")
 TOL = {torch.float64: 1e-9, torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
@@ -229,7 +229,12 @@ def _mutate(rng, case):
         w2, k2 = rng.choice(slots)
         where[key] = w2[k2]
     elif kind == "values" and t.is_floating_point() and t.numel() > 0:
-        flat = t.view(-1) if t.is_contiguous() else None
+        # Non-finite values go into queries only for the attention ops: a NaN / inf key or value that a
+        # row does not see still meets a 0 probability inside its tile (0 * inf = NaN), in the reference
+        # and in SDPA alike, so whether it shows depends on tiling (tests/test_reliability.py covers
+        # NaN keys and values that rows see).
+        attends = case.op in ("attention", "attention_with_kvcache", "mla_decode")
+        flat = t.view(-1) if t.is_contiguous() and (not attends or (where is case.args and key == 0)) else None
         if flat is not None:
             flat[rng.randrange(t.numel())] = rng.choice([float("nan"), float("inf"), -float("inf")])
         else:
@@ -237,7 +242,7 @@ def _mutate(rng, case):
     elif kind == "index" and not t.is_floating_point() and t.numel() > 0 and t.dtype != torch.bool:
         t.view(-1)[rng.randrange(t.numel())] = rng.choice([-5, -1, 2 ** 31 - 1, 40, 1000])
     elif kind == "option":
-        name, value = rng.choice([("scale", 1e300), ("scale", float("nan")), ("scale", 0.0), ("scale", 1e-40),
+        name, value = rng.choice([("scale", 1e300), ("scale", float("nan")), ("scale", 0.5), ("scale", 1e-40),
                                   ("softcap", float("inf")), ("softcap", 1e-50), ("softcap", -1.0),
                                   ("window_left", -2), ("window_left", 2 ** 40), ("causal", False)])
         if case.op in ("attention", "attention_with_kvcache") or (case.op == "mla_decode" and name in ("scale",
@@ -330,9 +335,9 @@ def test_fuzz_rejects_clearly_or_matches_reference():
         try:
             outcome = check_case(i)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        except AssertionError as e:
+        except Exception as e:  # an assertion, or an accepted input the reference cannot handle
             case = make_case(i)
-            failures.append(f"case{i} ({case.op}): {str(e).splitlines()[0]}")
+            failures.append(f"case{i} ({case.op}): {type(e).__name__}: {str(e).splitlines()[0]}")
     assert not failures, "\n".join(failures)
     # The generator must exercise both sides.
     assert outcomes.get("rejected", 0) > NUM_CASES // 10 and outcomes.get("accepted", 0) > NUM_CASES // 10, outcomes

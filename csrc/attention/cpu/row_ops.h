@@ -23,7 +23,9 @@ using Vec = at::vec::Vectorized<T>;
 template <typename T>
 inline Vec<T> vec_exp(const Vec<T>& x) {
   if constexpr (std::is_same_v<T, float>) {
-    return x.exp_u20();  // ~1 ulp-class accuracy at a fraction of the cost of a full-precision exp
+    // exp_u20: ~1 ulp-class accuracy at a fraction of the cost of a full-precision exp, but it clamps
+    // its input first, which turns NaN into exp(88.7) ~ 3.4e38: put the NaN back.
+    return Vec<float>::blendv(x.exp_u20(), x, x.isnan());
   } else {
     return x.exp();
   }
