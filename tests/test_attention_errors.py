@@ -263,14 +263,17 @@ def test_window_values(fn, device):
 
 @pytest.mark.parametrize("fn", FNS)
 def test_softcap_value(fn, device):
-    raises(fn, "softcap must be >= 0 (0 disables it), got -1", *qkv(device), softcap=-1.0)
+    raises(fn, "softcap must be 0 (disabled) or in [1.17549e-38, 3.40282e+38] "
+           "(representable in float32, the accumulation type of this input dtype), got -1", *qkv(device), softcap=-1.0)
 
 
 @pytest.mark.parametrize("fn", FNS)
 def test_scale_finite(fn, device):
-    raises(fn, "scale must be finite, got inf", *qkv(device), scale=float("inf"))
-    raises(fn, "scale must be finite, got -inf", *qkv(device), scale=float("-inf"))
-    raises_re(fn, re.escape("scale must be finite, got ") + "(?i:-?nan)", *qkv(device),
+    raises(fn, "scale must be finite with |scale| <= 3.40282e+38 "
+           "(representable in float32, the accumulation type of this input dtype), got inf", *qkv(device), scale=float("inf"))
+    raises(fn, "scale must be finite with |scale| <= 3.40282e+38 "
+           "(representable in float32, the accumulation type of this input dtype), got -inf", *qkv(device), scale=float("-inf"))
+    raises_re(fn, re.escape("scale must be finite with |scale| <= 3.40282e+38 (representable in float32, the accumulation type of this input dtype), got ") + "(?i:-?nan)", *qkv(device),
               scale=float("nan"))
 
 

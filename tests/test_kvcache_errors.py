@@ -144,11 +144,11 @@ def test_append_same_dtype(device):
 
 def test_append_device_meta():
     kc, vc, k, v, sl = app_args("cpu")
-    raises(APP, "v_cache must be on the same device as k_cache (cpu), got meta",
+    raises(APP, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on meta, k on cpu, v on cpu",
            kc, vc.to("meta"), k, v, sl)
-    raises(APP, "k must be on the same device as k_cache (cpu), got meta",
+    raises(APP, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on cpu, k on meta, v on cpu",
            kc, vc, k.to("meta"), v, sl)
-    raises(APP, "v must be on the same device as k_cache (cpu), got meta",
+    raises(APP, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on cpu, k on cpu, v on meta",
            kc, vc, k, v.to("meta"), sl)
     raises(APP, "cache_seqlens must be on the same device as k_cache (cpu), got meta",
            kc, vc, k, v, sl.to("meta"))
@@ -271,11 +271,11 @@ def test_paged_same_dtype(device):
 
 def test_paged_device_meta():
     kc, vc, k, v, s = pag_args("cpu")
-    raises(PAG, "v_cache must be on the same device as k_cache (cpu), got meta",
+    raises(PAG, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on meta, k on cpu, v on cpu",
            kc, vc.to("meta"), k, v, s)
-    raises(PAG, "k must be on the same device as k_cache (cpu), got meta",
+    raises(PAG, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on cpu, k on meta, v on cpu",
            kc, vc, k.to("meta"), v, s)
-    raises(PAG, "v must be on the same device as k_cache (cpu), got meta",
+    raises(PAG, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on cpu, k on cpu, v on meta",
            kc, vc, k, v.to("meta"), s)
     raises(PAG, "slot_mapping must be on the same device as k_cache (cpu), got meta",
            kc, vc, k, v, s.to("meta"))
@@ -485,10 +485,13 @@ def test_attn_scalars(device):
            window_left=-3)
     raises(ATT, "window_right must be >= -1 (-1 means unbounded), got -2", *att_args(device),
            causal=False, window_right=-2)
-    raises(ATT, "softcap must be >= 0 (0 disables it), got -1", *att_args(device), softcap=-1.0)
-    raises(ATT, "scale must be finite, got inf", *att_args(device), scale=float("inf"))
-    raises(ATT, "scale must be finite, got -inf", *att_args(device), scale=float("-inf"))
-    raises_re(ATT, re.escape("scale must be finite, got ") + "(?i:-?nan)", *att_args(device),
+    raises(ATT, "softcap must be 0 (disabled) or in [1.17549e-38, 3.40282e+38] "
+           "(representable in float32, the accumulation type of this input dtype), got -1", *att_args(device), softcap=-1.0)
+    raises(ATT, "scale must be finite with |scale| <= 3.40282e+38 "
+           "(representable in float32, the accumulation type of this input dtype), got inf", *att_args(device), scale=float("inf"))
+    raises(ATT, "scale must be finite with |scale| <= 3.40282e+38 "
+           "(representable in float32, the accumulation type of this input dtype), got -inf", *att_args(device), scale=float("-inf"))
+    raises_re(ATT, re.escape("scale must be finite with |scale| <= 3.40282e+38 (representable in float32, the accumulation type of this input dtype), got ") + "(?i:-?nan)", *att_args(device),
               scale=float("nan"))
 
 
