@@ -51,15 +51,24 @@ int64_t longest_sequence(const at::Tensor& cu, std::optional<int64_t> given, int
   return (cu.narrow(0, 1, cu.numel() - 1) - cu.narrow(0, 0, cu.numel() - 1)).max().item<int64_t>();
 }
 
-// Key splits for flash-decoding: enough (sequence, KV head, 64-row tile) work items to fill the GPU twice,
-// at most one split per 256 keys and 64 in all.
-int64_t choose_splits(int64_t batch, int64_t heads_kv, int64_t group, int64_t max_len_q, int64_t max_len_k) {
-  const int64_t items = batch * heads_kv * ceil_div(max_len_q * group, 64);
-  const int64_t target = 2 * static_cast<int64_t>(sm_count());
-  if (items >= target || max_len_k <= 512) {
-    return 1;
+// Sets the split-KV plan of `a` (its sizes set) for rows of at most max_len_k keys (for a cache, its
+// capacity: the lengths themselves stay on the device, where every row takes only the splits its own keys
+// fill) and allocates the partial buffers when there is more than one split (kept alive by the returned
+// tensors).
+template <typename T>
+std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t max_len_k, const at::TensorOptions& options) {
+  const int64_t heads_kv = a.heads_q / a.group, rows = a.max_len_q * a.group;
+  a.split_min_keys = split_min_keys(rows, a.dim_qk, a.dim_v, static_cast<int64_t>(sizeof(T)));
+  a.splits = max_key_splits(a.batch * heads_kv * ceil_div(rows, 64), sm_count(), max_len_k, a.split_min_keys);
+  if (a.splits == 1) {
+    return {};
   }
-  return std::clamp<int64_t>(std::min(ceil_div(target, items), ceil_div(max_len_k, 256)), 1, 64);
+  const auto acc = options.dtype(c10::CppTypeToScalarType<acc_t<T>>::value);
+  at::Tensor out = at::empty({a.splits, a.batch, a.max_len_q, a.heads_q, a.dim_v}, acc);
+  at::Tensor lse = at::empty({a.splits, a.batch, a.max_len_q, a.heads_q}, acc);
+  a.partial_out = out.mutable_data_ptr<acc_t<T>>();
+  a.partial_lse = lse.mutable_data_ptr<acc_t<T>>();
+  return {out, lse};
 }
 
 // ForwardArgs with its tensors' data set (the rest left to the caller).
@@ -93,23 +102,6 @@ void set_problem(Args& a, const AttentionShape& shape, const AttentionOptions& o
   a.dim_v = shape.head_dim_v.expect_int();
 }
 
-// Allocates the split-KV partial buffers of `a` (kept alive by the returned tensors) and sets keys_per_split.
-template <typename T>
-std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t splits, int64_t max_len_k,
-                                             const at::TensorOptions& options) {
-  a.splits = splits;
-  a.keys_per_split = ceil_div(std::max<int64_t>(max_len_k, 1), splits);
-  if (splits == 1) {
-    return {};
-  }
-  const auto acc = options.dtype(c10::CppTypeToScalarType<acc_t<T>>::value);
-  at::Tensor out = at::empty({splits, a.batch, a.max_len_q, a.heads_q, a.dim_v}, acc);
-  at::Tensor lse = at::empty({splits, a.batch, a.max_len_q, a.heads_q}, acc);
-  a.partial_out = out.mutable_data_ptr<acc_t<T>>();
-  a.partial_lse = lse.mutable_data_ptr<acc_t<T>>();
-  return {out, lse};
-}
-
 std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   std::optional<double> scale, bool causal, int64_t window_left,
                                                   int64_t window_right, double softcap,
@@ -140,8 +132,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
     a.lse_layout = lse_layout(lse, varlen);
     set_problem(a, shape, opts, cu_q, cu_k);
     a.max_len_q = max_len_q;
-    const int64_t splits = choose_splits(a.batch, a.heads_q / a.group, a.group, max_len_q, max_len_k);
-    [[maybe_unused]] const auto partials = set_splits(a, splits, max_len_k, q.options());
+    [[maybe_unused]] const auto partials = set_splits(a, max_len_k, q.options());
     launch_attention_forward(a);
   });
   return {out, lse};
@@ -198,11 +189,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     a.heads_kv = shape.heads_kv.expect_int();
     a.max_len_q = varlen ? longest_sequence(cu_q, max_seqlen_q, total_q) : total_q;
     a.max_len_k = varlen ? longest_sequence(cu_k, max_seqlen_k, total_k) : total_k;
-    at::Tensor dq_accum;  // the tensor-core backward sums dQ over key tiles in fp32
+    // The tensor-core backward sums dQ over key tiles in fp32, and dK / dV over query-head splits.
+    at::Tensor dq_accum, dk_accum, dv_accum;
     if (backward_uses_mma(a)) {
-      dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+      const auto fp32 = q.options().dtype(at::kFloat);
+      dq_accum = at::zeros(q.sizes(), fp32);
       a.dq_accum = dq_accum.mutable_data_ptr<float>();
       a.dq_accum_layout = token_layout(dq_accum, varlen);
+      a.head_splits = query_head_splits(ceil_div(a.max_len_k, kBackwardKeyTile) * a.heads_kv * a.batch, a.group,
+                                        sm_count());
+      if (a.head_splits > 1) {
+        dk_accum = at::zeros(k.sizes(), fp32);
+        dv_accum = at::zeros(v.sizes(), fp32);
+        a.dk_accum = dk_accum.mutable_data_ptr<float>();
+        a.dv_accum = dv_accum.mutable_data_ptr<float>();
+        a.dk_accum_layout = token_layout(dk_accum, varlen);
+        a.dv_accum_layout = token_layout(dv_accum, varlen);
+      }
     }
     launch_attention_backward(a);
   });
@@ -220,6 +223,9 @@ KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor& block_table) {
     l.block_stride = cache.stride(0);
     l.block_size = cache.size(1);
     l.num_blocks = cache.size(0);
+    if ((l.block_size & (l.block_size - 1)) == 0) {
+      l.block_shift = __builtin_ctzll(static_cast<unsigned long long>(l.block_size));
+    }
   }
   return l;
 }
@@ -257,8 +263,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
     a.dim_qk = q.size(3);
     a.dim_v = v_cache.size(3);
     a.max_len_q = seqlen_q;
-    const int64_t splits = choose_splits(batch, k_cache.size(2), a.group, seqlen_q, capacity);
-    [[maybe_unused]] const auto partials = set_splits(a, splits, capacity, q.options());
+    [[maybe_unused]] const auto partials = set_splits(a, capacity, q.options());
     launch_attention_forward(a);
   });
   return {out, lse};

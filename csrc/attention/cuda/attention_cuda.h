@@ -32,6 +32,10 @@ template <typename T>
 bool mma_forward_aligned(const ForwardArgs<T>& a);  // pointers and strides suit its 16-byte loads
 template <typename T>
 void launch_forward_mma(const ForwardArgs<T>& a);
+// Whether the tensor-core forward reads V from the K tile (one tensor, one key layout; the head stride
+// ignored with one KV head): MLA's latent cache.
+bool values_inside_keys(const void* k, const KeyLayout& k_layout, const void* v, const KeyLayout& v_layout,
+                        int64_t heads_kv);
 
 // The tensor-core backward (backward_mma.cu): whether it covers this case, and its launcher (after
 // backward_delta_kernel; a.dq_accum zeroed).
