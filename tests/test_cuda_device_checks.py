@@ -2,10 +2,10 @@
 
 For CUDA inputs the value checks of index tensors (cache_seqlens, block tables, slot mappings,
 positions, cu_seqlens) run in a small kernel before the op's first write kernel; at the first bad value
-it prints the host check's message and traps (csrc/common/cuda/index_checks.h). A trap ends the
-process's CUDA context, so every rejection runs in a child process here: the child must fail and print
-the exact message. (That the caches are left unchanged cannot be read back after a trap; it follows from
-stream order: the check kernel runs, and traps, before the write kernel is launched.)
+it prints the host check's message and fails a device-side assert (csrc/common/cuda/index_checks.h).
+That ends the process's CUDA context, so every rejection runs in a child process here: the child must
+fail and print the exact message. (That the caches are left unchanged cannot be read back after the
+assert; it follows from stream order: the check kernel asserts before the write kernel is launched.)
 
 And the point of it: an eager decode step of GroupedQueryAttention with a KVCache, and of
 MultiHeadLatentAttention with a LatentKVCache, runs under torch.cuda.set_sync_debug_mode("error").
@@ -89,7 +89,7 @@ print("NOT REJECTED", flush=True)
 
 
 @pytest.mark.parametrize("case", list(REJECTIONS))
-def test_bad_value_traps_with_message(case):
+def test_bad_value_asserts_with_message(case):
     body, message = REJECTIONS[case]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     child = subprocess.run([sys.executable, "-c", _CHILD.format(body=textwrap.dedent(body))],

@@ -1,6 +1,6 @@
 // The device-side value checks of index tensors (index_checks.h): one block per check scans the values,
 // finds the first bad one (the one the host check would name), and its thread 0 prints the host check's
-// message and traps.
+// message and fails a device-side assert.
 #include "common/cuda/index_checks.h"
 
 #include "common/cuda/device_utils.cuh"
@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <cassert>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -30,7 +31,8 @@ Text text(const char* s) {
   return t;
 }
 
-// Scans values 0 .. check.n - 1; at the first one that is not check.ok(i), prints check.report(i) and traps.
+// Scans values 0 .. check.n - 1; at the first one that is not check.ok(i), prints check.report(i) and
+// fails a device-side assert.
 template <typename Check>
 __global__ void __launch_bounds__(kCheckThreads) check_values_kernel(const Check check) {
   __shared__ unsigned long long first_bad;
@@ -46,7 +48,9 @@ __global__ void __launch_bounds__(kCheckThreads) check_values_kernel(const Check
   __syncthreads();
   if (threadIdx.x == 0 && first_bad != ULLONG_MAX) {
     check.report(static_cast<int64_t>(first_bad));
-    __trap();
+    // A device-side assert, as CUDA_KERNEL_ASSERT raises (called directly: it is not compiled out by
+    // NDEBUG): the context ends, and the op's write kernels after this one never run.
+    __assert_fail("index values in range (attn_ops: the message above)", __FILE__, __LINE__, __func__);
   }
 }
 
