@@ -13,8 +13,9 @@
 // no other block touches these keys (no atomics), with more each block adds its share by fp32 atomics
 // into dk_accum / dv_accum, converted to dk / dv afterwards (then dK and dV are not bitwise
 // deterministic either). dQ is summed over the key tiles by fp32 atomicAdd into dq_accum (zeroed by the
-// caller), converted to dq by convert_rows_kernel afterwards; so dq, unlike dK and dV (and unlike the row
-// kernels' dq), is not bitwise deterministic: the fp32 summation order varies between runs.
+// caller), converted to dq by convert_rows_kernel afterwards; so dq, unlike the row kernels' dq (and
+// unlike dK and dV without head splits), is not bitwise deterministic: the fp32 summation order varies
+// between runs. On sm_90 the atomics add pairs of floats (float2 atomicAdd).
 //
 // Warps. 4 warps; warp w owns keys 16 w .. 16 w + 15 of the tile and computes, per query tile, the
 // transposed products (keys as MMA rows) dP^T = V dO^T and S^T = K Q^T, then P^T and dS^T element-wise in

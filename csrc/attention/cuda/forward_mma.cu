@@ -48,9 +48,10 @@
 //
 // Expected limits: below FlashAttention-2 on the same GPU (no swizzled smem or register-resident Q: Q
 // fragments are re-read from smem per tile; 16 rows per warp; two barriers per tile; an offset per key,
-// which for paged caches costs an integer division per key and tile) and well below Hopper-native kernels
-// (wgmma/TMA). Decode is memory bound: it needs split-KV for parallelism, and warps whose rows are all past
-// the sequence only help load. Long causal prefill schedules the heaviest row tiles first.
+// which for paged caches costs a shift, or a 32-bit division for other block sizes, per key and tile)
+// and well below Hopper-native kernels (wgmma/TMA). Decode is memory bound: it needs split-KV for
+// parallelism, and warps whose rows are all past the sequence only help load. Long causal prefill
+// schedules the heaviest row tiles first.
 #include "attention/cuda/attention_cuda.h"
 #include "attention/cuda/forward_rows.cuh"
 #include "attention/cuda/launch_record.h"

@@ -67,8 +67,9 @@ void launch_check(const Check& check) {
 struct CacheLengthCheck {
   Text op;
   const int32_t* lens;   // [batch]
-  const int32_t* table;  // [batch, width] contiguous, or null
+  const int32_t* table;  // [batch, width] contiguous, or null (not paged, or no blocks per row)
   int64_t n, width, capacity, block_size, num_blocks;
+  bool paged;
 
   __device__ bool len_ok(int64_t b) const { return lens[b] >= 0 && lens[b] <= capacity; }
   __device__ bool ok(int64_t i) const {
@@ -87,13 +88,13 @@ struct CacheLengthCheck {
     const long long len = lens[b];
     if (len < 0) {
       printf("%s: cache_seqlens[%lld] = %lld must be >= 0\n", op.s, (long long)b, len);
-    } else if (len > capacity && table == nullptr) {
+    } else if (len > capacity && !paged) {
       printf("%s: cache_seqlens[%lld] = %lld exceeds the cache capacity %lld\n", op.s, (long long)b, len,
              (long long)capacity);
     } else if (len > capacity) {
       printf("%s: cache_seqlens[%lld] = %lld exceeds the cache capacity %lld (max_blocks_per_seq %lld x block_size "
              "%lld)\n",
-             op.s, (long long)b, len, (long long)capacity, (long long)width, (long long)block_size);
+             op.s, (long long)b, len, (long long)capacity, (long long)(capacity / block_size), (long long)block_size);
     } else {
       printf("%s: block_table[%lld, %lld] = %d is out of range [0, %lld)\n", op.s, (long long)b, (long long)j,
              table[i], (long long)num_blocks);
@@ -211,10 +212,10 @@ void check_cache_lengths_and_blocks_on_device(const char* op, const at::Tensor& 
   }
   const at::Tensor lens = cache_seqlens.contiguous();
   const at::Tensor table = block_table.defined() ? block_table.contiguous() : at::Tensor();
-  const int64_t width = table.defined() ? std::max<int64_t>(table.size(1), 1) : 1;
+  const int64_t width = table.defined() ? std::max<int64_t>(table.size(1), 1) : 1;  // >= 1: row b's lengths
   const int32_t* entries = table.defined() && table.size(1) > 0 ? table.const_data_ptr<int32_t>() : nullptr;
   launch_check(CacheLengthCheck{text(op), lens.const_data_ptr<int32_t>(), entries, lens.numel() * width, width,
-                                capacity, block_size, num_blocks});
+                                capacity, block_size, num_blocks, table.defined()});
 }
 
 void check_append_lengths_on_device(const char* op, const at::Tensor& cache_seqlens, int64_t added,
