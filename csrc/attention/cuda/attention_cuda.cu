@@ -214,6 +214,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       a.dq_accum_layout = token_layout(dq_accum, varlen);
       a.head_splits = query_head_splits(ceil_div(a.max_len_k, kBackwardKeyTile) * a.heads_kv * a.batch, a.group,
                                         sm_count());
+      a.heads_per_split = ceil_div(a.group, a.head_splits);
       if (a.head_splits > 1) {
         dk_accum = at::zeros(k.sizes(), fp32);
         dv_accum = at::zeros(v.sizes(), fp32);

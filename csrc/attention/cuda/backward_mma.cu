@@ -34,10 +34,10 @@
 // the head dims grow; blocks per SM on an H100 (228 KB smem, 64K registers) as limited by smem / by
 // registers):
 //   dim_qk/dim_v  kBlockM  kBlockN  smem      registers  blocks/SM
-//   64/64         64       64       64.0 KB   240        3 / 2
+//   64/64         64       64       64.0 KB   239        3 / 2
 //   96/96         64       64       88.0 KB   255        2 / 2
 //   128/128       32       64       73.5 KB   248        3 / 2
-//   192/128       16       64       66.3 KB   252        3 / 2   (kBlockM 32 spills)
+//   192/128       16       64       66.3 KB   254        3 / 2   (kBlockM 32 spills)
 // 256/256 is not covered: dK + dV alone would take 256 registers per thread (mma_backward_supported says
 // false, the row kernels run).
 //
@@ -205,9 +205,8 @@ __device__ __forceinline__ void backward_mma_block(const BackwardArgs<T>& a, int
   const int qt_first = q_first / BM;
   const int n_qt = q_first <= q_last ? q_last / BM - qt_first + 1 : 0;
   // This block's query heads of the group: [head0, head0 + n_heads).
-  const int heads_per_split = static_cast<int>(ceil_div(a.group, a.head_splits));
-  const int head0 = static_cast<int>(blockIdx.y) * heads_per_split;
-  const int n_heads = min(heads_per_split, static_cast<int>(a.group) - head0);
+  const int head0 = static_cast<int>(blockIdx.y * a.heads_per_split);
+  const int n_heads = min(static_cast<int>(a.heads_per_split), static_cast<int>(a.group) - head0);
   if (n_heads <= 0) {
     return;
   }
@@ -220,7 +219,10 @@ __device__ __forceinline__ void backward_mma_block(const BackwardArgs<T>& a, int
     queries_of(j0 + warp * 16 + g + 8 * r, vis_first[r], vis_last[r]);
   }
 
-  const auto head_of = [&](int it) { return kv_head * static_cast<int>(a.group) + head0 + it / n_qt; };
+  // head0 re-read from blockIdx.y and the arguments, not kept in a register (the 96/96 tile is at 255).
+  const auto head_of = [&](int it) {
+    return kv_head * static_cast<int>(a.group) + static_cast<int>(blockIdx.y * a.heads_per_split) + it / n_qt;
+  };
   const auto first_query_of = [&](int it) { return (qt_first + it % n_qt) * BM; };
 
   // Q, dO, lse and delta of iteration `it` into buffer it % 2. lse is stored in log2 units, +inf for rows
@@ -459,6 +461,7 @@ void launch_backward_tile(const BackwardArgs<T>& a) {
               " key blocks)");
   TORCH_INTERNAL_ASSERT(a.head_splits == 1 || (a.dk_accum != nullptr && a.dv_accum != nullptr),
                         "launch_backward_mma: dk_accum / dv_accum not allocated");
+  TORCH_INTERNAL_ASSERT(a.heads_per_split * a.head_splits >= a.group, "launch_backward_mma: heads_per_split not set");
   allow_dynamic_smem<backward_mma_kernel<T, C>>(C::kSmemBytes);
   record_launch("backward_mma", {C::kDqk, C::kDv, a.head_splits});
   backward_mma_kernel<T, C><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.head_splits)), C::kThreads,

@@ -203,6 +203,7 @@ struct BackwardArgs {
   // (launch_plan.h, query_head_splits); with more than one, dK and dV are summed by fp32 atomics into
   // dk_accum / dv_accum (zeroed, laid out like k / v), then converted to dk / dv.
   int64_t head_splits = 1;
+  int64_t heads_per_split = 0;  // ceil(group / head_splits), set with head_splits
   float* dk_accum = nullptr;
   float* dv_accum = nullptr;
   TokenLayout dk_accum_layout, dv_accum_layout;
