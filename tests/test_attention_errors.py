@@ -311,6 +311,7 @@ def test_cu_seqlens_same_length(fn, device):
     raises(fn, "cu_seqlens_k must have the same length as cu_seqlens_q (3), got 4", q, k, v, **kw)
 
 
+@pytest.mark.host_value_check
 @pytest.mark.parametrize("fn", FNS)
 def test_cu_seqlens_start(fn, device):
     q, k, v, kw = varlen(device, cu_q=[3, 5, 12])
@@ -319,6 +320,7 @@ def test_cu_seqlens_start(fn, device):
     raises(fn, "cu_seqlens_k must start at 0, got 1", q, k, v, **kw)
 
 
+@pytest.mark.host_value_check
 @pytest.mark.parametrize("fn", FNS)
 def test_cu_seqlens_non_decreasing(fn, device):
     q, k, v, kw = varlen(device, cu_q=[0, 7, 5, 12], cu_k=[0, 3, 5, 7])
@@ -329,6 +331,7 @@ def test_cu_seqlens_non_decreasing(fn, device):
                "cu_seqlens_k[1] = 8", q, k, v, **kw)
 
 
+@pytest.mark.host_value_check
 @pytest.mark.parametrize("fn", FNS)
 def test_cu_seqlens_end(fn, device):
     q, k, v, kw = varlen(device, cu_q=[0, 5, 10])
@@ -343,6 +346,7 @@ def test_max_seqlen_only_with_cu_seqlens(fn, device):
     raises(fn, "max_seqlen_k must be given only with cu_seqlens_k", *qkv(device), max_seqlen_k=7)
 
 
+@pytest.mark.host_value_check
 @pytest.mark.parametrize("fn", FNS)
 def test_max_seqlen_too_small(fn, device):
     q, k, v, kw = varlen(device, cu_q=[0, 6, 12])

@@ -211,11 +211,13 @@ def test_append_seqlens_dtype_shape(device):
     raises(APP, msg + "int32 tensor of shape [2, 1]", kc, vc, k, v, sl.reshape(2, 1))
 
 
+@pytest.mark.host_value_check
 def test_append_seqlens_negative(device):
     raises(APP, "cache_seqlens[1] = -1 must be >= 0", *app_args(device, lens=[2, -1]))
     raises(APP, "cache_seqlens[0] = -5 must be >= 0", *app_args(device, lens=[-5, 2]))
 
 
+@pytest.mark.host_value_check
 def test_append_exceeds_capacity(device):
     # row 0 is valid: a kernel that writes row by row while checking would have written it
     raises(APP, "cache_seqlens[1] = 14 plus 3 new tokens exceeds the cache capacity 16",
@@ -226,6 +228,7 @@ def test_append_exceeds_capacity(device):
            *app_args(device, k=(2, 0, 4, 64), v=(2, 0, 4, 64), lens=[17, 0]))
 
 
+@pytest.mark.host_value_check
 def test_append_torch_ops_path_same_message(device):
     args = app_args(device, lens=[2, 14])
     snap = _snapshot(*args[:2])
@@ -335,6 +338,7 @@ def test_paged_slot_mapping_dtype_shape(device):
 
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64],
                          ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.host_value_check
 def test_paged_slot_out_of_range(slot_dtype, device):
     # tokens 0..2 are valid: a kernel that writes while checking would have written them
     raises(PAG, "slot_mapping[3] = 96 is out of range: the cache has 96 slots (num_blocks 6 x "
@@ -350,6 +354,7 @@ def test_paged_slot_out_of_range(slot_dtype, device):
                      slot_dtype=slot_dtype))
 
 
+@pytest.mark.host_value_check
 def test_paged_torch_ops_path_same_message(device):
     args = pag_args(device, slots=[3, 17, -1, 96, 5])
     snap = _snapshot(*args[:2])
@@ -516,12 +521,14 @@ def test_attn_block_table_dtype_shape(device):
     raises(ATT, msg + "int32 tensor of shape [4]", q, kc, vc, sl, block_table=bt.reshape(4))
 
 
+@pytest.mark.host_value_check
 def test_attn_seqlens_negative(device):
     raises(ATT, "cache_seqlens[1] = -1 must be >= 0", *att_args(device, lens=[5, -1]))
     args, kw = paged_att(device, lens=[5, -1])
     raises(ATT, "cache_seqlens[1] = -1 must be >= 0", *args, **kw)
 
 
+@pytest.mark.host_value_check
 def test_attn_seqlens_exceed_capacity(device):
     raises(ATT, "cache_seqlens[1] = 40 exceeds the cache capacity 32",
            *att_args(device, lens=[5, 40]))
@@ -532,6 +539,7 @@ def test_attn_seqlens_exceed_capacity(device):
                 "block_size 16)", *args, **kw)
 
 
+@pytest.mark.host_value_check
 def test_attn_block_table_out_of_range(device):
     args, kw = paged_att(device, bt=[[3, 0], [7, 1]])
     raises(ATT, "block_table[1, 0] = 7 is out of range [0, 6)", *args, **kw)

@@ -219,11 +219,13 @@ def test_append_seqlens_dtype_shape(device):
     raises(APP, msg + "int32 tensor of shape [2, 1]", c, ckv, kpe, cache_seqlens=sl.reshape(2, 1))
 
 
+@pytest.mark.host_value_check
 def test_append_seqlens_negative(device):
     raises(APP, "cache_seqlens[1] = -1 must be >= 0", *app(device)[0], **app(device, lens=[2, -1])[1])
     raises(APP, "cache_seqlens[0] = -5 must be >= 0", *app(device)[0], **app(device, lens=[-5, 2])[1])
 
 
+@pytest.mark.host_value_check
 def test_append_exceeds_capacity(device):
     # row 0 is valid: a kernel that writes row by row while checking would have written it
     raises(APP, "cache_seqlens[1] = 14 plus 3 new tokens exceeds the cache capacity 16",
@@ -246,6 +248,7 @@ def test_append_slot_mapping_dtype_shape(device):
 
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64],
                          ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.host_value_check
 def test_append_slot_out_of_range(slot_dtype, device):
     # tokens 0..2 are valid: a kernel that writes while checking would have written them
     raises(APP, "slot_mapping[3] = 96 is out of range: the cache has 96 slots (num_blocks 6 x "
@@ -263,6 +266,7 @@ def test_append_slot_out_of_range(slot_dtype, device):
                 "block_size 1); -1 skips a token", *args, **kw)
 
 
+@pytest.mark.host_value_check
 def test_append_torch_ops_path_same_message(device):
     args, kw = app(device, lens=[2, 14])
     snap = _snapshot(args[0])
@@ -428,6 +432,7 @@ def test_decode_block_table_dtype_shape(device):
     raises(DEC, msg + "int32 tensor of shape [4]", ql, qr, c, sl, block_table=bt.reshape(4), **kw)
 
 
+@pytest.mark.host_value_check
 def test_decode_seqlens_negative(device):
     raises(DEC, "cache_seqlens[1] = -1 must be >= 0", *dec(device, lens=[5, -1])[0],
            **dec(device)[1])
@@ -435,6 +440,7 @@ def test_decode_seqlens_negative(device):
     raises(DEC, "cache_seqlens[0] = -3 must be >= 0", *args, **kw)
 
 
+@pytest.mark.host_value_check
 def test_decode_seqlens_exceed_capacity(device):
     raises(DEC, "cache_seqlens[1] = 40 exceeds the cache capacity 32",
            *dec(device, lens=[5, 40])[0], **dec(device)[1])
@@ -445,6 +451,7 @@ def test_decode_seqlens_exceed_capacity(device):
                 "block_size 16)", *args, **kw)
 
 
+@pytest.mark.host_value_check
 def test_decode_block_table_out_of_range(device):
     # row 1 (length 20) uses both of its entries
     args, kw = pdec(device, bt=[[3, 0], [7, 1]])
@@ -455,6 +462,7 @@ def test_decode_block_table_out_of_range(device):
     raises(DEC, "block_table[0, 0] = 6 is out of range [0, 6)", *args, **kw)
 
 
+@pytest.mark.host_value_check
 def test_decode_torch_ops_path_same_message(device):
     args, kw = pdec(device, bt=[[3, 0], [7, 1]])
     with pytest.raises(RuntimeError, match=re.escape(

@@ -424,6 +424,7 @@ def test_kvcache_host_methods(device):
     assert c.lengths().tolist() == [0, 0, 0]
 
 
+@pytest.mark.host_value_check
 def test_kvcache_capacity_error_surfaces(device):
     """Appending past the capacity: the op's RuntimeError, nothing written, lengths unchanged."""
     stack = make_stack("gqa", torch.float32, device)

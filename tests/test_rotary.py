@@ -550,6 +550,7 @@ def test_error_rotary_dim_exceeds_head_dim(fn, device):
     raises(fn, "rotary_dim 2 * 5 = 10 exceeds head_dim 9", x, cos, sin, pos)
 
 
+@pytest.mark.host_value_check
 @pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=dtype_id)
 @pytest.mark.parametrize("fn", FNS)
 def test_error_position_out_of_range(fn, pos_dtype, device):

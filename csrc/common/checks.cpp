@@ -6,24 +6,15 @@
 
 #include <sstream>
 
-#ifdef ATTN_OPS_WITH_CUDA
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#include <c10/cuda/CUDAGuard.h>
-#endif
-
 namespace attn_ops {
 
 bool can_read_values(const at::Tensor& t) {
   if (t.device().type() == c10::DeviceType::Meta) {
     return false;
   }
-#ifdef ATTN_OPS_WITH_CUDA
-  if (t.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(t.device());
-    return c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
-  }
-#endif
-  return true;
+  // CUDA values are checked on the device, before the op's writes (common/cuda/index_checks.h): reading
+  // them here would synchronise every eager call.
+  return !t.is_cuda();
 }
 
 void check_in_place_target(const char* op, const NamedTensor& target, std::initializer_list<NamedTensor> others) {

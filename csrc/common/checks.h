@@ -11,10 +11,10 @@
 
 namespace attn_ops {
 
-// Whether a check may read the values of `t`. Not those of meta and fake tensors (torch.compile tracing),
-// and not those of a CUDA tensor while the current stream captures a CUDA graph: reading them means a
-// copy to the host, which capture forbids. The CUDA kernels bounds-check every index they read, so an
-// invalid index under capture writes nothing and reads nothing out of range (docs/cuda.md).
+// Whether a check may read the values of `t` on the host. Not those of meta and fake tensors (torch.compile
+// tracing), and not those of a CUDA tensor: reading them means a copy to the host, a synchronisation; the
+// CUDA kernels check them on the device instead (common/cuda/index_checks.h; skipped under CUDA-graph
+// capture, where every kernel still bounds-checks the indices it reads, docs/cuda.md).
 bool can_read_values(const at::Tensor& t);
 
 inline bool is_float_dtype(c10::ScalarType t) {

@@ -1,11 +1,13 @@
 // CUDA kernels of attention / attention_backward / attention_with_kvcache: the shared validation, output
 // allocation, and the device-side problem description handed to the launchers (attention_launch.cu).
-// Nothing here reads a tensor's values on the host except the validation (skipped under CUDA-graph
-// capture) and, for varlen without max_seqlen_q / max_seqlen_k, the longest sequence.
+// Nothing here reads a tensor's values on the host except, for varlen without max_seqlen_q / max_seqlen_k,
+// the longest sequences (one copy); the values of index tensors are checked on the device
+// (common/cuda/index_checks.h).
 #include "attention/cuda/attention_cuda.h"
 #include "attention/kvcache_entry.h"
 #include "attention/validation.h"
 #include "common/checks.h"
+#include "common/cuda/index_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -39,27 +41,47 @@ Window make_window(int64_t left, int64_t right, int64_t longest) {
   return Window{left > longest ? -1 : left, right > longest ? -1 : right};
 }
 
-// Longest sequence of cu_seqlens: the given bound, else read on the device (a sync), else (under graph
-// capture, where nothing may be read) the packed total, an upper bound.
-int64_t longest_sequence(const at::Tensor& cu, std::optional<int64_t> given, int64_t total) {
-  if (given.has_value()) {
-    return std::min(*given, total);
+// Checks the values of cu_seqlens_q / cu_seqlens_k on the device (against max_seqlen_* when given) and
+// returns the longest query and key sequences: the given max_seqlen_* (no sync), else read from the device,
+// both in one copy (the one sync of a varlen call without them), else under graph capture, where nothing
+// may be read, the packed totals, upper bounds.
+std::pair<int64_t, int64_t> checked_longest_sequences(const char* op, const at::Tensor& cu_q, const at::Tensor& cu_k,
+                                                      const AttentionShape& shape, const AttentionOptions& opts) {
+  const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
+  check_cu_seqlens_on_device(op, "cu_seqlens_q", cu_q, total_q, "q", opts.max_seqlen_q.value_or(-1), "max_seqlen_q");
+  check_cu_seqlens_on_device(op, "cu_seqlens_k", cu_k, total_k, "k", opts.max_seqlen_k.value_or(-1), "max_seqlen_k");
+  const int64_t batch = cu_q.numel() - 1;
+  if (batch < 1) {
+    return {0, 0};
   }
-  if (!can_read_values(cu) || cu.numel() < 2) {
-    return cu.numel() < 2 ? 0 : total;
+  int64_t found_q = total_q, found_k = total_k;
+  if (!(opts.max_seqlen_q.has_value() && opts.max_seqlen_k.has_value()) && device_checks_enabled()) {
+    const auto longest = [&](const at::Tensor& cu) { return (cu.narrow(0, 1, batch) - cu.narrow(0, 0, batch)).max(); };
+    const at::Tensor found = at::stack({longest(cu_q), longest(cu_k)}).to(at::kCPU);
+    found_q = found.const_data_ptr<int32_t>()[0];
+    found_k = found.const_data_ptr<int32_t>()[1];
   }
-  return (cu.narrow(0, 1, cu.numel() - 1) - cu.narrow(0, 0, cu.numel() - 1)).max().item<int64_t>();
+  return {std::min(opts.max_seqlen_q.value_or(found_q), total_q), std::min(opts.max_seqlen_k.value_or(found_k), total_k)};
 }
 
-// Key splits for flash-decoding: enough (sequence, KV head, 64-row tile) work items to fill the GPU twice,
-// at most one split per 256 keys and 64 in all.
-int64_t choose_splits(int64_t batch, int64_t heads_kv, int64_t group, int64_t max_len_q, int64_t max_len_k) {
-  const int64_t items = batch * heads_kv * ceil_div(max_len_q * group, 64);
-  const int64_t target = 2 * static_cast<int64_t>(sm_count());
-  if (items >= target || max_len_k <= 512) {
-    return 1;
+// Sets the split-KV plan of `a` (its sizes set) for rows of at most max_len_k keys (for a cache, its
+// capacity: the lengths themselves stay on the device, where every row takes only the splits its own keys
+// fill) and allocates the partial buffers when there is more than one split (kept alive by the returned
+// tensors).
+template <typename T>
+std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t max_len_k, const at::TensorOptions& options) {
+  const int64_t heads_kv = a.heads_q / a.group, rows = a.max_len_q * a.group;
+  a.split_min_keys = split_min_keys(rows, a.dim_qk, a.dim_v, static_cast<int64_t>(sizeof(T)));
+  a.splits = max_key_splits(a.batch * heads_kv * ceil_div(rows, 64), sm_count(), max_len_k, a.split_min_keys);
+  if (a.splits == 1) {
+    return {};
   }
-  return std::clamp<int64_t>(std::min(ceil_div(target, items), ceil_div(max_len_k, 256)), 1, 64);
+  const auto acc = options.dtype(c10::CppTypeToScalarType<acc_t<T>>::value);
+  at::Tensor out = at::empty({a.splits, a.batch, a.max_len_q, a.heads_q, a.dim_v}, acc);
+  at::Tensor lse = at::empty({a.splits, a.batch, a.max_len_q, a.heads_q}, acc);
+  a.partial_out = out.mutable_data_ptr<acc_t<T>>();
+  a.partial_lse = lse.mutable_data_ptr<acc_t<T>>();
+  return {out, lse};
 }
 
 // ForwardArgs with its tensors' data set (the rest left to the caller).
@@ -93,23 +115,6 @@ void set_problem(Args& a, const AttentionShape& shape, const AttentionOptions& o
   a.dim_v = shape.head_dim_v.expect_int();
 }
 
-// Allocates the split-KV partial buffers of `a` (kept alive by the returned tensors) and sets keys_per_split.
-template <typename T>
-std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t splits, int64_t max_len_k,
-                                             const at::TensorOptions& options) {
-  a.splits = splits;
-  a.keys_per_split = ceil_div(std::max<int64_t>(max_len_k, 1), splits);
-  if (splits == 1) {
-    return {};
-  }
-  const auto acc = options.dtype(c10::CppTypeToScalarType<acc_t<T>>::value);
-  at::Tensor out = at::empty({splits, a.batch, a.max_len_q, a.heads_q, a.dim_v}, acc);
-  at::Tensor lse = at::empty({splits, a.batch, a.max_len_q, a.heads_q}, acc);
-  a.partial_out = out.mutable_data_ptr<acc_t<T>>();
-  a.partial_lse = lse.mutable_data_ptr<acc_t<T>>();
-  return {out, lse};
-}
-
 std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   std::optional<double> scale, bool causal, int64_t window_left,
                                                   int64_t window_right, double softcap,
@@ -128,8 +133,9 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
   const at::Tensor cu_q = varlen ? cu_seqlens_q->contiguous() : at::Tensor();
   const at::Tensor cu_k = varlen ? cu_seqlens_k->contiguous() : at::Tensor();
-  const int64_t max_len_q = varlen ? longest_sequence(cu_q, max_seqlen_q, total_q) : total_q;
-  const int64_t max_len_k = varlen ? longest_sequence(cu_k, max_seqlen_k, total_k) : total_k;
+  const std::pair<int64_t, int64_t> longest =
+      varlen ? checked_longest_sequences("attn_ops.attention", cu_q, cu_k, shape, opts) : std::pair{total_q, total_k};
+  const int64_t max_len_q = longest.first, max_len_k = longest.second;
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
     ForwardArgs<scalar_t> a = forward_tensors<scalar_t>(q, k, v, out, lse);
@@ -140,8 +146,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
     a.lse_layout = lse_layout(lse, varlen);
     set_problem(a, shape, opts, cu_q, cu_k);
     a.max_len_q = max_len_q;
-    const int64_t splits = choose_splits(a.batch, a.heads_q / a.group, a.group, max_len_q, max_len_k);
-    [[maybe_unused]] const auto partials = set_splits(a, splits, max_len_k, q.options());
+    [[maybe_unused]] const auto partials = set_splits(a, max_len_k, q.options());
     launch_attention_forward(a);
   });
   return {out, lse};
@@ -170,6 +175,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
   const at::Tensor cu_q = varlen ? cu_seqlens_q->contiguous() : at::Tensor();
   const at::Tensor cu_k = varlen ? cu_seqlens_k->contiguous() : at::Tensor();
+  const std::pair<int64_t, int64_t> longest =
+      varlen ? checked_longest_sequences(op, cu_q, cu_k, shape, opts) : std::pair{total_q, total_k};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_backward", [&] {
     using A = acc_t<scalar_t>;
@@ -196,13 +203,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     a.lse_layout = lse_layout(lse_c, varlen);
     set_problem(a, shape, opts, cu_q, cu_k);
     a.heads_kv = shape.heads_kv.expect_int();
-    a.max_len_q = varlen ? longest_sequence(cu_q, max_seqlen_q, total_q) : total_q;
-    a.max_len_k = varlen ? longest_sequence(cu_k, max_seqlen_k, total_k) : total_k;
-    at::Tensor dq_accum;  // the tensor-core backward sums dQ over key tiles in fp32
+    a.max_len_q = longest.first;
+    a.max_len_k = longest.second;
+    // The tensor-core backward sums dQ over key tiles in fp32, and dK / dV over query-head splits.
+    at::Tensor dq_accum, dk_accum, dv_accum;
     if (backward_uses_mma(a)) {
-      dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+      const auto fp32 = q.options().dtype(at::kFloat);
+      dq_accum = at::zeros(q.sizes(), fp32);
       a.dq_accum = dq_accum.mutable_data_ptr<float>();
       a.dq_accum_layout = token_layout(dq_accum, varlen);
+      a.head_splits = query_head_splits(ceil_div(a.max_len_k, kBackwardKeyTile) * a.heads_kv * a.batch, a.group,
+                                        sm_count());
+      a.heads_per_split = ceil_div(a.group, a.head_splits);
+      if (a.head_splits > 1) {
+        dk_accum = at::zeros(k.sizes(), fp32);
+        dv_accum = at::zeros(v.sizes(), fp32);
+        a.dk_accum = dk_accum.mutable_data_ptr<float>();
+        a.dv_accum = dv_accum.mutable_data_ptr<float>();
+        a.dk_accum_layout = token_layout(dk_accum, varlen);
+        a.dv_accum_layout = token_layout(dv_accum, varlen);
+      }
     }
     launch_attention_backward(a);
   });
@@ -220,6 +240,9 @@ KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor& block_table) {
     l.block_stride = cache.stride(0);
     l.block_size = cache.size(1);
     l.num_blocks = cache.size(0);
+    if ((l.block_size & (l.block_size - 1)) == 0) {
+      l.block_shift = __builtin_ctzll(static_cast<unsigned long long>(l.block_size));
+    }
   }
   return l;
 }
@@ -257,17 +280,32 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
     a.dim_qk = q.size(3);
     a.dim_v = v_cache.size(3);
     a.max_len_q = seqlen_q;
-    const int64_t splits = choose_splits(batch, k_cache.size(2), a.group, seqlen_q, capacity);
-    [[maybe_unused]] const auto partials = set_splits(a, splits, capacity, q.options());
+    [[maybe_unused]] const auto partials = set_splits(a, capacity, q.options());
     launch_attention_forward(a);
   });
   return {out, lse};
 }
 
+// cache_seqlens in [0, capacity] and, paged, the block-table entries of the used blocks in [0, num_blocks).
+void check_kvcache_values_on_device(const char* op, const at::Tensor& k_cache, const at::Tensor& cache_seqlens,
+                                    const std::optional<at::Tensor>& block_table) {
+  const c10::cuda::CUDAGuard guard(k_cache.device());
+  if (block_table.has_value()) {
+    check_cache_lengths_and_blocks_on_device(op, cache_seqlens, *block_table, block_table->size(1) * k_cache.size(1),
+                                             k_cache.size(1), k_cache.size(0));
+  } else {
+    check_cache_lengths_and_blocks_on_device(op, cache_seqlens, at::Tensor(), k_cache.size(1), 0, 0);
+  }
+}
+
+namespace {
+constexpr char kKvCacheAttentionOp[] = "attn_ops.attention_with_kvcache";
+}  // namespace
+
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
   m.impl("attention", &attention_cuda);
   m.impl("attention_backward", &attention_backward_cuda);
-  m.impl("attention_with_kvcache", &attention_with_kvcache_on<kvcache_attention>);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_on<checked_kvcache_attention<kKvCacheAttentionOp>>);
 }
 
 }  // namespace attn_ops::cuda

@@ -32,6 +32,10 @@ template <typename T>
 bool mma_forward_aligned(const ForwardArgs<T>& a);  // pointers and strides suit its 16-byte loads
 template <typename T>
 void launch_forward_mma(const ForwardArgs<T>& a);
+// Whether the tensor-core forward reads V from the K tile (one tensor, one key layout; the head stride
+// ignored with one KV head): MLA's latent cache.
+bool values_inside_keys(const void* k, const KeyLayout& k_layout, const void* v, const KeyLayout& v_layout,
+                        int64_t heads_kv);
 
 // The tensor-core backward (backward_mma.cu): whether it covers this case, and its launcher (after
 // backward_delta_kernel; a.dq_accum zeroed).
@@ -49,5 +53,23 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
                                                      const std::optional<at::Tensor>& block_table, double scale,
                                                      bool causal, int64_t window_left, int64_t window_right,
                                                      double softcap);
+
+void check_kvcache_values_on_device(const char* op, const at::Tensor& k_cache, const at::Tensor& cache_seqlens,
+                                    const std::optional<at::Tensor>& block_table);
+
+// kvcache_attention after the device-side checks of cache_seqlens and block_table, named for op `Op`: the
+// CUDA backend function of attention_with_kvcache_on and mla_decode_on (whose validation reads no values of
+// CUDA tensors).
+template <const char* Op>
+std::tuple<at::Tensor, at::Tensor> checked_kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                             const at::Tensor& v_cache,
+                                                             const at::Tensor& cache_seqlens,
+                                                             const std::optional<at::Tensor>& block_table,
+                                                             double scale, bool causal, int64_t window_left,
+                                                             int64_t window_right, double softcap) {
+  check_kvcache_values_on_device(Op, k_cache, cache_seqlens, block_table);
+  return kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right,
+                           softcap);
+}
 
 }  // namespace attn_ops::cuda

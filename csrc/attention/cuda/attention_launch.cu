@@ -25,11 +25,6 @@ void with_lane_features(int64_t dim, F&& f) {
   }
 }
 
-dim3 row_grid(int64_t rows_per_seq, int64_t batch, int64_t splits = 1) {
-  return dim3(static_cast<unsigned>(ceil_div(rows_per_seq, kRowWarps)), static_cast<unsigned>(batch),
-              static_cast<unsigned>(splits));
-}
-
 template <typename T>
 void launch_forward_rows(const ForwardArgs<T>& a, cudaStream_t stream) {
   with_lane_features(std::max(a.dim_qk, a.dim_v), [&](auto n) {

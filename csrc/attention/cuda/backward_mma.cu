@@ -5,12 +5,17 @@
 // dQ = dS K. Rows with lse = -inf, rows past len_q and keys past len_k or outside a row's window get p = 0.
 //
 // Blocks. A block owns kBlockN = 64 keys of one (batch b, KV head) and loops over the query tiles (kBlockM
-// rows of one query head) of every query head of the KV group that can see one of its keys (the queries
+// rows of one query head) of its query heads of the KV group that can see one of its keys (the queries
 // of Window::queries_of, whose bounds are non-decreasing in the key: causal and sliding windows skip whole
-// tiles). dK and dV stay in registers for the whole loop and are stored once: no atomics, since no other
-// block touches these keys. dQ is summed over the key tiles by fp32 atomicAdd into dq_accum (zeroed by the
-// caller), converted to dq by convert_dq_kernel afterwards; so dq, unlike dK and dV (and unlike the row
-// kernels' dq), is not bitwise deterministic: the fp32 summation order varies between runs.
+// tiles). The group's query heads are split over gridDim.y = head_splits blocks when the (key tile, KV
+// head, batch) blocks alone would not fill the GPU twice (MQA: Hq = 32, Hkv = 1 gave 256 serial blocks
+// for 132 SMs). dK and dV stay in registers for the whole loop and are stored once; with one head split
+// no other block touches these keys (no atomics), with more each block adds its share by fp32 atomics
+// into dk_accum / dv_accum, converted to dk / dv afterwards (then dK and dV are not bitwise
+// deterministic either). dQ is summed over the key tiles by fp32 atomicAdd into dq_accum (zeroed by the
+// caller), converted to dq by convert_rows_kernel afterwards; so dq, unlike the row kernels' dq (and
+// unlike dK and dV without head splits), is not bitwise deterministic: the fp32 summation order varies
+// between runs. On sm_90 the atomics add pairs of floats (float2 atomicAdd).
 //
 // Warps. 4 warps; warp w owns keys 16 w .. 16 w + 15 of the tile and computes, per query tile, the
 // transposed products (keys as MMA rows) dP^T = V dO^T and S^T = K Q^T, then P^T and dS^T element-wise in
@@ -29,10 +34,10 @@
 // the head dims grow; blocks per SM on an H100 (228 KB smem, 64K registers) as limited by smem / by
 // registers):
 //   dim_qk/dim_v  kBlockM  kBlockN  smem      registers  blocks/SM
-//   64/64         64       64       64.0 KB   240        3 / 2
+//   64/64         64       64       64.0 KB   239        3 / 2
 //   96/96         64       64       88.0 KB   255        2 / 2
 //   128/128       32       64       73.5 KB   248        3 / 2
-//   192/128       16       64       66.3 KB   252        3 / 2   (kBlockM 32 spills)
+//   192/128       16       64       66.3 KB   254        3 / 2   (kBlockM 32 spills)
 // 256/256 is not covered: dK + dV alone would take 256 registers per thread (mma_backward_supported says
 // false, the row kernels run).
 //
@@ -41,7 +46,9 @@
 // KV heads gives few blocks) and well below Hopper-native kernels (wgmma/TMA).
 #include "attention/cuda/attention_cuda.h"
 #include "attention/cuda/forward_rows.cuh"
+#include "attention/cuda/launch_record.h"
 #include "attention/cuda/mma_fragments.cuh"
+#include "common/cuda/kernel_attributes.cuh"
 
 #include <c10/util/Exception.h>
 #include <nv/target>
@@ -68,6 +75,7 @@ struct BackwardTile {
   static_assert(kDqk % 16 == 0 && kDv % 16 == 0 && kBlockM % 16 == 0, "whole m16n8k16 steps");
   static_assert(kWarps % kQSlices == 0 && kDqCols % 16 == 0, "dQ columns split evenly in 16-column chunks");
   static_assert(kBlockM <= kThreads, "one thread per query row loads its lse and delta");
+  static_assert(kBlockN == kBackwardKeyTile, "attention_cuda.cu sizes head_splits with kBackwardKeyTile");
 
   // Bytes of the smem regions, in order: [2][2][kBlockM] lse * log2e and delta, K, V, [2] Q, [2] dO, dS^T.
   static constexpr int kStatBytes = 4 * kBlockM * int(sizeof(float));
@@ -112,8 +120,44 @@ __device__ __forceinline__ void mma_ab_step(float (&acc)[kN / 8][4], const uint3
   }
 }
 
+// Adds the pair (x, y) to p[0], p[1] (8-byte aligned): one vector atomic on sm_90, two scalar ones before.
+__device__ __forceinline__ void atomic_add_pair(float* p, float x, float y) {
+  NV_IF_ELSE_TARGET(NV_PROVIDES_SM_90, (atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));),
+                    (atomicAdd(p, x); atomicAdd(p + 1, y);))
+}
+
+// dK or dV rows g, g + 8 of this warp's key slice (keys j0 + 16 warp + g + 8 r): stored as pairs of T, or
+// with query-head splits summed into the fp32 accumulator.
+template <typename T, int kDim>
+__device__ __forceinline__ void store_key_rows(const float (&acc)[kDim / 8][4], T* dst, const TokenLayout& dst_layout,
+                                               float* accum, const TokenLayout& accum_layout, int b, int64_t k0,
+                                               int j, int len_k, int kv_head) {
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, c = 2 * (lane % 4);
+  const int warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = j + warp * 16 + g + 8 * r;
+    if (key >= len_k) {
+      continue;
+    }
+    if (accum != nullptr) {
+      float* row = accum + accum_layout.at(b, k0, key, kv_head) + c;
+#pragma unroll
+      for (int n = 0; n < kDim / 8; ++n) {
+        atomic_add_pair(row + 8 * n, acc[n][2 * r], acc[n][2 * r + 1]);
+      }
+    } else {
+      T* row = dst + dst_layout.at(b, k0, key, kv_head) + c;
+#pragma unroll
+      for (int n = 0; n < kDim / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(row + 8 * n) = pack2<T>(acc[n][2 * r], acc[n][2 * r + 1]);
+      }
+    }
+  }
+}
+
 // One block: the keys of tile blockIdx.x % key_tiles of one (batch, KV head), over every query tile of the
-// group that sees them.
+// query heads of split blockIdx.y of the group that sees them.
 template <typename T, typename C>
 __device__ __forceinline__ void backward_mma_block(const BackwardArgs<T>& a, int64_t key_tiles) {
   static_assert(sizeof(T) == kElemBytes);
@@ -160,7 +204,13 @@ __device__ __forceinline__ void backward_mma_block(const BackwardArgs<T>& a, int
   queries_of(min(j0 + BN - 1, len_k - 1), unused, q_last);
   const int qt_first = q_first / BM;
   const int n_qt = q_first <= q_last ? q_last / BM - qt_first + 1 : 0;
-  const int n_iter = n_qt * static_cast<int>(a.group);  // (query head, query tile) pairs, head-major
+  // This block's query heads of the group: [head0, head0 + n_heads).
+  const int head0 = static_cast<int>(blockIdx.y * a.heads_per_split);
+  const int n_heads = min(static_cast<int>(a.heads_per_split), static_cast<int>(a.group) - head0);
+  if (n_heads <= 0) {
+    return;
+  }
+  const int n_iter = n_qt * n_heads;  // (query head, query tile) pairs, head-major
 
   // Queries that see this thread's keys g and g + 8 of its warp's slice.
   int vis_first[2], vis_last[2];
@@ -169,7 +219,10 @@ __device__ __forceinline__ void backward_mma_block(const BackwardArgs<T>& a, int
     queries_of(j0 + warp * 16 + g + 8 * r, vis_first[r], vis_last[r]);
   }
 
-  const auto head_of = [&](int it) { return kv_head * static_cast<int>(a.group) + it / n_qt; };
+  // head0 re-read from blockIdx.y and the arguments, not kept in a register (the 96/96 tile is at 255).
+  const auto head_of = [&](int it) {
+    return kv_head * static_cast<int>(a.group) + static_cast<int>(blockIdx.y * a.heads_per_split) + it / n_qt;
+  };
   const auto first_query_of = [&](int it) { return (qt_first + it % n_qt) * BM; };
 
   // Q, dO, lse and delta of iteration `it` into buffer it % 2. lse is stored in log2 units, +inf for rows
@@ -318,8 +371,7 @@ __device__ __forceinline__ void backward_mma_block(const BackwardArgs<T>& a, int
         if (dq_row[r] != nullptr) {
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
-            atomicAdd(dq_row[r] + col0 + 8 * n + c, acc[n][2 * r]);
-            atomicAdd(dq_row[r] + col0 + 8 * n + c + 1, acc[n][2 * r + 1]);
+            atomic_add_pair(dq_row[r] + col0 + 8 * n + c, acc[n][2 * r], acc[n][2 * r + 1]);
           }
         }
       }
@@ -349,45 +401,53 @@ __device__ __forceinline__ void backward_mma_block(const BackwardArgs<T>& a, int
   }
 
   // dK and dV of keys g, g + 8 of this warp's slice (zero for keys that no query sees).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int j = j0 + warp * 16 + g + 8 * r;
-    if (j >= len_k) {
-      continue;
-    }
-    T* dk_row = a.dk + a.dk_layout.at(b, s.k0, j, kv_head) + c;
-    T* dv_row = a.dv + a.dv_layout.at(b, s.k0, j, kv_head) + c;
-#pragma unroll
-    for (int n = 0; n < C::kDqk / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dk_row + 8 * n) = pack2<T>(dk[n][2 * r], dk[n][2 * r + 1]);
-    }
-#pragma unroll
-    for (int n = 0; n < C::kDv / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dv_row + 8 * n) = pack2<T>(dv[n][2 * r], dv[n][2 * r + 1]);
-    }
-  }
+  store_key_rows<T, C::kDqk>(dk, a.dk, a.dk_layout, a.dk_accum, a.dk_accum_layout, b, s.k0, j0, len_k, kv_head);
+  store_key_rows<T, C::kDv>(dv, a.dv, a.dv_layout, a.dv_accum, a.dv_accum_layout, b, s.k0, j0, len_k, kv_head);
 }
 
-// grid (key_tiles * heads_kv * batch), block C::kThreads, dynamic smem C::kSmemBytes.
+// grid (key_tiles * heads_kv * batch, head_splits), block C::kThreads, dynamic smem C::kSmemBytes.
 template <typename T, typename C>
 __global__ void __launch_bounds__(C::kThreads) backward_mma_kernel(const BackwardArgs<T> a, const int64_t key_tiles) {
   // cp.async, ldmatrix and bf16 mma need sm_80; mma_backward_supported() sends older GPUs to the row kernels.
   NV_IF_TARGET(NV_PROVIDES_SM_80, (backward_mma_block<T, C>(a, key_tiles);))
 }
 
-// dq = dq_accum for every (b, i, h) row. grid (ceil(max_len_q * heads_q / kRowWarps), batch).
+// fp32 sums to convert into rows of T: dq from dq_accum (query rows), dk / dv from their accumulators (key
+// rows).
 template <typename T>
-__global__ void __launch_bounds__(kRowWarps* kWarpSize) convert_dq_kernel(const BackwardArgs<T> a) {
+struct AccumRows {
+  const float* src;  // [batch, len, heads, dim] / [total, heads, dim]
+  T* dst;            // likewise
+  TokenLayout src_layout, dst_layout;
+  SeqInfo seqs;
+  int64_t heads, max_len, dim;
+  bool keys;  // rows of keys (len_k, k0), else of queries
+};
+
+// dst = src for every (b, position, head) row. grid row_grid(max_len * heads, batch).
+template <typename T>
+__global__ void __launch_bounds__(kRowWarps* kWarpSize) convert_rows_kernel(const AccumRows<T> a) {
   const int lane = threadIdx.x % kWarpSize;
   WarpRow r;
-  if (!warp_row(a.seqs, a.heads_q, a.max_len_q, /*keys=*/false, &r)) {
+  if (!warp_row(a.seqs, a.heads, a.max_len, a.keys, &r)) {
     return;
   }
-  const float* src = a.dq_accum + a.dq_accum_layout.at(r.b, r.s.q0, r.pos, r.head);
-  T* dst = a.dq + a.dq_layout.at(r.b, r.s.q0, r.pos, r.head);
-  for (int64_t d = lane; d < a.dim_qk; d += kWarpSize) {
+  const int64_t first = a.keys ? r.s.k0 : r.s.q0;
+  const float* src = a.src + a.src_layout.at(r.b, first, r.pos, r.head);
+  T* dst = a.dst + a.dst_layout.at(r.b, first, r.pos, r.head);
+  for (int64_t d = lane; d < a.dim; d += kWarpSize) {
     dst[d] = static_cast<T>(src[d]);
   }
+}
+
+template <typename T>
+void launch_convert_rows(const AccumRows<T>& rows, int64_t batch) {
+  if (rows.max_len == 0 || rows.heads == 0) {
+    return;
+  }
+  convert_rows_kernel<T><<<row_grid(rows.max_len * rows.heads, batch), kRowWarps * kWarpSize, 0,
+                           at::cuda::getCurrentCUDAStream()>>>(rows);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, typename C>
@@ -399,10 +459,13 @@ void launch_backward_tile(const BackwardArgs<T>& a) {
   }
   TORCH_CHECK(blocks <= INT32_MAX, "attn_ops: attention backward too large for one launch (", blocks,
               " key blocks)");
-  const auto kernel = backward_mma_kernel<T, C>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(
-      a, key_tiles);
+  TORCH_INTERNAL_ASSERT(a.head_splits == 1 || (a.dk_accum != nullptr && a.dv_accum != nullptr),
+                        "launch_backward_mma: dk_accum / dv_accum not allocated");
+  TORCH_INTERNAL_ASSERT(a.heads_per_split * a.head_splits >= a.group, "launch_backward_mma: heads_per_split not set");
+  allow_dynamic_smem<backward_mma_kernel<T, C>>(C::kSmemBytes);
+  record_launch("backward_mma", {C::kDqk, C::kDv, a.head_splits});
+  backward_mma_kernel<T, C><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.head_splits)), C::kThreads,
+                              C::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(a, key_tiles);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -435,11 +498,16 @@ void launch_backward_mma(const BackwardArgs<T>& a) {
   const bool found =
       with_tile<BackwardTiles>(a.dim_qk, a.dim_v, [&](auto tile) { launch_backward_tile<T, decltype(tile)>(a); });
   TORCH_INTERNAL_ASSERT(found, "launch_backward_mma: no tile for head dims ", a.dim_qk, "/", a.dim_v);
-  if (a.max_len_q > 0) {
-    convert_dq_kernel<T><<<dim3(static_cast<unsigned>(ceil_div(a.max_len_q * a.heads_q, kRowWarps)),
-                                static_cast<unsigned>(a.batch)),
-                           kRowWarps * kWarpSize, 0, at::cuda::getCurrentCUDAStream()>>>(a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_convert_rows(AccumRows<T>{a.dq_accum, a.dq, a.dq_accum_layout, a.dq_layout, a.seqs, a.heads_q, a.max_len_q,
+                                   a.dim_qk, /*keys=*/false},
+                      a.batch);
+  if (a.head_splits > 1) {
+    launch_convert_rows(AccumRows<T>{a.dk_accum, a.dk, a.dk_accum_layout, a.dk_layout, a.seqs, a.heads_kv,
+                                     a.max_len_k, a.dim_qk, /*keys=*/true},
+                        a.batch);
+    launch_convert_rows(AccumRows<T>{a.dv_accum, a.dv, a.dv_accum_layout, a.dv_layout, a.seqs, a.heads_kv,
+                                     a.max_len_k, a.dim_v, /*keys=*/true},
+                        a.batch);
   }
 }
 

@@ -11,7 +11,7 @@
 
 namespace attn_ops::cuda {
 
-// delta for every (b, i, h) row. grid (ceil(max_len_q * heads_q / kRowWarps), batch).
+// delta for every (b, i, h) row. grid row_grid(max_len_q * heads_q, batch).
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_delta_kernel(const BackwardArgs<T> a) {
   using A = acc_t<T>;
@@ -72,7 +72,7 @@ __device__ __forceinline__ void store_row(T* dst, const acc_t<T> (&x)[N], int64_
   }
 }
 
-// dQ of every (b, i, h) row. grid (ceil(max_len_q * heads_q / kRowWarps), batch).
+// dQ of every (b, i, h) row. grid row_grid(max_len_q * heads_q, batch).
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dq_kernel(const BackwardArgs<T> a) {
   using A = acc_t<T>;
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dq_kernel(const
 }
 
 // dK and dV of every (b, j, kv_head) key row, summed over the group's query heads and the queries that see
-// key j. grid (ceil(max_len_k * heads_kv / kRowWarps), batch).
+// key j. grid row_grid(max_len_k * heads_kv, batch).
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dkv_kernel(const BackwardArgs<T> a) {
   using A = acc_t<T>;

@@ -31,7 +31,8 @@
 // tile t is computed.
 //
 // V from K. When v and k are the same tensor with the same layout (MLA's latent cache: the values are the
-// first 512 of the 576 key columns), V fragments are read from the K tile: no V copy, less smem.
+// first 512 of the 576 key columns; values_inside_keys), V fragments are read from the K tile: no V copy,
+// less smem.
 //
 // Configurations (smem: row offsets and key bits + Q + 2 K + 2 V tiles, rows padded by 16 bytes so that
 // the 8 rows of an ldmatrix hit 8 different bank quads; registers from ptxas for sm_90, no spills; blocks
@@ -47,12 +48,15 @@
 //
 // Expected limits: below FlashAttention-2 on the same GPU (no swizzled smem or register-resident Q: Q
 // fragments are re-read from smem per tile; 16 rows per warp; two barriers per tile; an offset per key,
-// which for paged caches costs an integer division per key and tile) and well below Hopper-native kernels
-// (wgmma/TMA). Decode is memory bound: it needs split-KV for parallelism, and warps whose rows are all past
-// the sequence only help load. Long causal prefill schedules the heaviest row tiles first.
+// which for paged caches costs a shift, or a 32-bit division for other block sizes, per key and tile)
+// and well below Hopper-native kernels (wgmma/TMA). Decode is memory bound: it needs split-KV for
+// parallelism, and warps whose rows are all past the sequence only help load. Long causal prefill
+// schedules the heaviest row tiles first.
 #include "attention/cuda/attention_cuda.h"
 #include "attention/cuda/forward_rows.cuh"
+#include "attention/cuda/launch_record.h"
 #include "attention/cuda/mma_fragments.cuh"
+#include "common/cuda/kernel_attributes.cuh"
 
 #include <c10/util/Exception.h>
 #include <nv/target>
@@ -156,8 +160,12 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
     return;  // the whole block is past the sequence
   }
 
-  const int64_t split_lo = a.splits > 1 ? split * a.keys_per_split : 0;
-  const int64_t split_hi = a.splits > 1 ? split_lo + a.keys_per_split - 1 : INT64_MAX;
+  if (split >= a.splits_used(s.len_k)) {
+    return;  // past the sequence's keys: merge_splits_kernel reads only the used splits
+  }
+  const int64_t chunk = a.splits > 1 ? a.keys_per_split(s.len_k) : 0;  // a multiple of BN
+  const int64_t split_lo = split * chunk;
+  const int64_t split_hi = a.splits > 1 ? split_lo + chunk - 1 : INT64_MAX;
   auto keys_of = [&](int64_t i, int64_t& lo, int64_t& hi) {  // visible keys of position i in this split
     a.window.keys_of(s, i, &lo, &hi);
     lo = max(lo, split_lo);
@@ -433,28 +441,39 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   NV_IF_TARGET(NV_PROVIDES_SM_80, (forward_mma_block<T, C>(a, p);))
 }
 
-bool same_keys(const KeyLayout& x, const KeyLayout& y) {
-  return x.rows.batch_stride == y.rows.batch_stride && x.rows.token_stride == y.rows.token_stride &&
-         x.rows.head_stride == y.rows.head_stride && x.block_table == y.block_table &&
-         x.table_stride == y.table_stride && x.block_stride == y.block_stride && x.block_size == y.block_size &&
-         x.num_blocks == y.num_blocks && x.table_width == y.table_width;
+}  // namespace
+
+// Whether V can be read from the K tile: v and k are one tensor read through the same key layout. The head
+// stride counts only with more than one KV head (MLA's values, a narrowed view of the latent cache, have a
+// head stride of 512 to the keys' 576, but there is only head 0).
+bool values_inside_keys(const void* k, const KeyLayout& k_layout, const void* v, const KeyLayout& v_layout,
+                        int64_t heads_kv) {
+  const TokenLayout &x = k_layout.rows, &y = v_layout.rows;
+  return k == v && x.batch_stride == y.batch_stride && x.token_stride == y.token_stride &&
+         (heads_kv == 1 || x.head_stride == y.head_stride) && k_layout.block_table == v_layout.block_table &&
+         k_layout.table_stride == v_layout.table_stride && k_layout.block_stride == v_layout.block_stride &&
+         k_layout.block_size == v_layout.block_size && k_layout.num_blocks == v_layout.num_blocks &&
+         k_layout.table_width == v_layout.table_width;
 }
+
+namespace {
 
 template <typename T, typename C>
 void launch_tile(const ForwardArgs<T>& a) {
-  const Launch p{ceil_div(a.max_len_q * a.group, C::kBlockM), a.heads_q / a.group,
-                 a.v == a.k && same_keys(a.k_layout, a.v_layout)};
+  const int64_t heads_kv = a.heads_q / a.group;
+  const Launch p{ceil_div(a.max_len_q * a.group, C::kBlockM), heads_kv,
+                 values_inside_keys(a.k, a.k_layout, a.v, a.v_layout, heads_kv)};
   const int64_t blocks = p.row_tiles * a.batch * p.heads_kv;
   if (blocks == 0) {
     return;
   }
   TORCH_CHECK(blocks <= INT32_MAX && a.splits <= 65535, "attn_ops: attention too large for one launch (", blocks,
               " row blocks, ", a.splits, " splits)");
-  const auto kernel = forward_mma_kernel<T, C>;
-  const int64_t smem = C::smem_bytes(p.v_in_k);
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits)), C::kThreads, smem,
-           at::cuda::getCurrentCUDAStream()>>>(a, p);
+  const int smem = C::smem_bytes(p.v_in_k);
+  allow_dynamic_smem<forward_mma_kernel<T, C>>(smem);
+  record_launch("forward_mma", {C::kDqk, C::kDv, p.v_in_k, smem, a.splits, a.split_min_keys});
+  forward_mma_kernel<T, C><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits)), C::kThreads,
+                             smem, at::cuda::getCurrentCUDAStream()>>>(a, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

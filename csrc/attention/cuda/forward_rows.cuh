@@ -13,20 +13,31 @@ namespace attn_ops::cuda {
 constexpr int kRowWarps = 4;          // rows (warps) per block
 constexpr int64_t kMaxRowDim = kMaxHeadDim;  // 32 features per lane
 
-// The row of this warp in a row-kernel grid (x: kRowWarps rows of position * heads + head per block,
-// y: sequence). False when the position is past the sequence's length `len` or the grid bound.
+// The row of this warp in a row-kernel grid (row_grid: x = sequence * row_blocks + kRowWarps rows of
+// position * heads + head, z: split). The sequence is folded into x, whose limit is 2^31 - 1, not into y,
+// whose limit of 65535 a batch or a varlen call can exceed. False when the position is past the sequence's
+// length or the grid bound `max_len`.
 struct WarpRow {
   int64_t b, pos, head;
   Seq s;
 };
 
 __device__ __forceinline__ bool warp_row(const SeqInfo& seqs, int64_t heads, int64_t max_len, bool keys, WarpRow* r) {
-  const int64_t row = blockIdx.x * int64_t(kRowWarps) + threadIdx.x / kWarpSize;
-  r->b = blockIdx.y;
+  const int64_t row_blocks = ceil_div(max_len * heads, kRowWarps);
+  const int64_t row = blockIdx.x % row_blocks * int64_t(kRowWarps) + threadIdx.x / kWarpSize;
+  r->b = blockIdx.x / row_blocks;
   r->s = seqs.at(r->b);
   r->pos = row / heads;
   r->head = row % heads;
   return r->pos < (keys ? r->s.len_k : r->s.len_q) && r->pos < max_len;
+}
+
+// The grid of a row kernel over `rows_per_seq` = max_len * heads rows of `batch` sequences (warp_row).
+inline dim3 row_grid(int64_t rows_per_seq, int64_t batch, int64_t splits = 1) {
+  const int64_t blocks = ceil_div(rows_per_seq, kRowWarps) * batch;
+  TORCH_CHECK(blocks <= INT32_MAX && splits <= 65535, "attn_ops: attention too large for one launch (", blocks,
+              " row blocks, ", splits, " splits)");
+  return dim3(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(splits));
 }
 
 // Where split `split` of row (b, i, h) keeps its partial result.
@@ -73,7 +84,7 @@ __device__ __forceinline__ void store_forward_row(const ForwardArgs<T>& a, const
   }
 }
 
-// grid (ceil(max_len_q * heads_q / kRowWarps), batch, splits), block kRowWarps * 32. N = features per lane.
+// grid row_grid(max_len_q * heads_q, batch, splits), block kRowWarps * 32. N = features per lane.
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) forward_rows_kernel(const ForwardArgs<T> a) {
   using A = acc_t<T>;
@@ -87,8 +98,12 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) forward_rows_kernel(cons
   int64_t lo, hi;
   a.window.keys_of(s, i, &lo, &hi);
   if (a.splits > 1) {
-    lo = max(lo, split * a.keys_per_split);
-    hi = min(hi, (split + 1) * a.keys_per_split - 1);
+    if (split >= a.splits_used(s.len_k)) {
+      return;  // past the row's keys: merge_splits_kernel reads only the used splits
+    }
+    const int64_t chunk = a.keys_per_split(s.len_k);
+    lo = max(lo, split * chunk);
+    hi = min(hi, (split + 1) * chunk - 1);
   }
   const int64_t kv_head = h / a.group;
   const T* q = a.q + a.q_layout.at(b, s.q0, i, h);
@@ -131,8 +146,8 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) forward_rows_kernel(cons
   store_forward_row<T, N>(a, s, b, i, h, split, o, m, l);
 }
 
-// Merges the splits of every row by their lse: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max),
-// lse = max + log(sum_s w_s). grid (ceil(max_len_q * heads_q / kRowWarps), batch), block kRowWarps * 32.
+// Merges the used splits of every row by their lse: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max),
+// lse = max + log(sum_s w_s). grid row_grid(max_len_q * heads_q, batch), block kRowWarps * 32.
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) merge_splits_kernel(const ForwardArgs<T> a) {
   using A = acc_t<T>;
@@ -143,13 +158,14 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) merge_splits_kernel(cons
   }
   const int64_t b = r.b, i = r.pos, h = r.head;
   const Seq& s = r.s;
+  const int64_t splits = a.splits_used(s.len_k);
   A top = neg_inf<A>();
-  for (int64_t sp = 0; sp < a.splits; ++sp) {
+  for (int64_t sp = 0; sp < splits; ++sp) {
     top = max(top, a.partial_lse[partial_index(a, sp, b, i, h)]);
   }
   A total = A(0);
   if (top != neg_inf<A>()) {
-    for (int64_t sp = 0; sp < a.splits; ++sp) {
+    for (int64_t sp = 0; sp < splits; ++sp) {
       total += exp(a.partial_lse[partial_index(a, sp, b, i, h)] - top);
     }
   }
@@ -157,7 +173,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) merge_splits_kernel(cons
   for (int64_t d = lane; d < a.dim_v; d += kWarpSize) {
     A sum = A(0);
     if (total > A(0)) {
-      for (int64_t sp = 0; sp < a.splits; ++sp) {
+      for (int64_t sp = 0; sp < splits; ++sp) {
         const int64_t idx = partial_index(a, sp, b, i, h);
         const A w = exp(a.partial_lse[idx] - top);  // 0 for an empty split (lse -inf)
         sum += w * a.partial_out[idx * a.dim_v + d];

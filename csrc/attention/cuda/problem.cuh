@@ -8,6 +8,7 @@
 // out-of-range access.
 #pragma once
 
+#include "attention/cuda/launch_plan.h"
 #include "common/cuda/device_utils.cuh"
 
 #include <cstdint>
@@ -63,6 +64,7 @@ struct KeyLayout {
   const int32_t* block_table = nullptr;
   int64_t table_stride = 0, block_stride = 0;
   int64_t block_size = 0, num_blocks = 0, table_width = 0;
+  int block_shift = -1;  // log2(block_size) when it is a power of two, else -1
 
   // Offset of key j of sequence b (first packed key k0), head h; -1 when its block-table entry is out of
   // range (possible only for inputs that could not be checked: CUDA-graph capture). The key is skipped.
@@ -70,12 +72,17 @@ struct KeyLayout {
     if (block_table == nullptr) {
       return rows.at(b, k0, j, h);
     }
-    const int64_t slot = j / block_size;
+    // 0 <= j < 2^31 (sequence lengths are int32): a shift for power-of-two block sizes, else a 32-bit
+    // division, never a 64-bit one (tens of instructions per key).
+    const uint32_t key = static_cast<uint32_t>(j);
+    const uint32_t slot = block_shift >= 0 ? key >> block_shift : key / static_cast<uint32_t>(block_size);
+    const uint32_t within = block_shift >= 0 ? key & static_cast<uint32_t>(block_size - 1)
+                                             : key - slot * static_cast<uint32_t>(block_size);
     const int64_t block = slot < table_width ? block_table[b * table_stride + slot] : -1;
     if (block < 0 || block >= num_blocks) {
       return -1;
     }
-    return block * block_stride + (j % block_size) * rows.token_stride + h * rows.head_stride;
+    return block * block_stride + within * rows.token_stride + h * rows.head_stride;
   }
 };
 
@@ -143,12 +150,29 @@ struct ForwardArgs {
   Logit<A> logit;
   int64_t batch, heads_q, group, dim_qk, dim_v;
   int64_t max_len_q;  // grid bound on query positions per sequence (rows past a sequence's length exit)
-  // Split-KV: the visible keys of every row are cut at multiples of keys_per_split; split s writes its
+  // Split-KV: the visible keys of every row are cut at multiples of keys_per_split(len_k), decided on the
+  // device from the sequence's own key count (a cache row's cache_seqlens): no host sync, graph-safe, and a
+  // short row in a large cache gets few splits, each with work. Split s < splits_used(len_k) writes its
   // normalised partial output and its lse to partial_out [splits, batch, max_len_q, heads_q, dim_v] and
-  // partial_lse [splits, batch, max_len_q, heads_q], merged afterwards. splits == 1: written to out/lse.
-  int64_t splits = 1, keys_per_split = 0;
+  // partial_lse [splits, batch, max_len_q, heads_q], merged afterwards; the other splits exit at once.
+  // splits == 1: written to out/lse.
+  int64_t splits = 1;
+  int64_t split_min_keys = kSplitTile;  // a multiple of kSplitTile (host: split_min_keys())
   A* partial_out = nullptr;
   A* partial_lse = nullptr;
+
+  // Keys per split of a sequence of len_k keys: an even share of the splits, rounded up to kSplitTile (no
+  // key tile is loaded by two splits) and at least split_min_keys (fewer keys would cost more partial
+  // traffic than key traffic).
+  __device__ __forceinline__ int64_t keys_per_split(int64_t len_k) const {
+    const int64_t keys = ceil_div(ceil_div(len_k, splits), kSplitTile) * kSplitTile;
+    return keys > split_min_keys ? keys : split_min_keys;
+  }
+  // Splits with keys of a sequence of len_k keys (at least 1: split 0 also stores the empty result).
+  __device__ __forceinline__ int64_t splits_used(int64_t len_k) const {
+    const int64_t used = splits == 1 ? 1 : ceil_div(len_k, keys_per_split(len_k));
+    return used > 1 ? used : 1;
+  }
 };
 
 }  // namespace attn_ops::cuda
@@ -175,6 +199,14 @@ struct BackwardArgs {
   // converted to dq. Laid out like q ([batch, len_q, heads_q, dim_qk] / [total_q, heads_q, dim_qk]).
   float* dq_accum = nullptr;
   TokenLayout dq_accum_layout;
+  // Tensor-core backward only: the group's query heads are split over head_splits blocks per key tile
+  // (launch_plan.h, query_head_splits); with more than one, dK and dV are summed by fp32 atomics into
+  // dk_accum / dv_accum (zeroed, laid out like k / v), then converted to dk / dv.
+  int64_t head_splits = 1;
+  int64_t heads_per_split = 0;  // ceil(group / head_splits), set with head_splits
+  float* dk_accum = nullptr;
+  float* dv_accum = nullptr;
+  TokenLayout dk_accum_layout, dv_accum_layout;
 };
 
 }  // namespace attn_ops::cuda

@@ -1,6 +1,8 @@
-// CUDA kernels of the KV-cache writes: the shared validation (before any write), then row copies.
+// CUDA kernels of the KV-cache writes: the shared validation and the device-side value checks (before any
+// write), then row copies.
 #include "cache/cuda/copy_rows.cuh"
 #include "cache/validation.h"
+#include "common/cuda/index_checks.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -13,6 +15,7 @@ void kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, 
                           const at::Tensor& v, const at::Tensor& cache_seqlens) {
   check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens);
   const c10::cuda::CUDAGuard guard(k_cache.device());
+  check_append_lengths_on_device("attn_ops.kv_cache_append", cache_seqlens, k.size(1), k_cache.size(1));
   const at::Tensor lens = cache_seqlens.contiguous();
   for (const auto& [cache, src] : {std::pair<const at::Tensor&, const at::Tensor&>{k_cache, k}, {v_cache, v}}) {
     const AppendOffsets offsets{lens.const_data_ptr<int32_t>(), src.size(1),   cache.size(1),
@@ -30,6 +33,7 @@ void paged_kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_c
                                 const at::Tensor& v, const at::Tensor& slot_mapping) {
   check_paged_kv_cache_append_inputs(k_cache, v_cache, k, v, slot_mapping);
   const c10::cuda::CUDAGuard guard(k_cache.device());
+  check_slot_values_on_device("attn_ops.paged_kv_cache_append", slot_mapping, k_cache.size(0), k_cache.size(1));
   const at::Tensor slots = slot_mapping.contiguous();
   for (const auto& [cache, src] : {std::pair<const at::Tensor&, const at::Tensor&>{k_cache, k}, {v_cache, v}}) {
     const bool wide = wide_rows(cache.data_ptr(), src.const_data_ptr(), src.size(-1), src.element_size(),

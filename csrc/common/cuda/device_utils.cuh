@@ -37,7 +37,7 @@ __device__ __forceinline__ A neg_inf() {
   return -std::numeric_limits<A>::infinity();
 }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Calls f(data) with the data of a contiguous int32 or int64 index tensor, as const int32_t* or
 // const int64_t* (slot mappings and positions may be either).

@@ -6,6 +6,7 @@
 
 #include "attention/cuda/attention_cuda.h"
 #include "cache/cuda/copy_rows.cuh"
+#include "common/cuda/index_checks.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -14,11 +15,19 @@
 namespace attn_ops::cuda {
 namespace {
 
+constexpr char kMlaDecodeOp[] = "attn_ops.mla_decode";
+
 void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
                            const std::optional<at::Tensor>& slot_mapping) {
+  const char* op = "attn_ops.mla_cache_append";
   check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
   const c10::cuda::CUDAGuard guard(latent_cache.device());
+  if (slot_mapping.has_value()) {
+    check_slot_values_on_device(op, *slot_mapping, latent_cache.size(0), latent_cache.size(1));
+  } else {
+    check_append_lengths_on_device(op, *cache_seqlens, c_kv.size(1), latent_cache.size(1));
+  }
   const int64_t elem = latent_cache.element_size();
   const int64_t cache0 = latent_cache.stride(0), cache1 = latent_cache.stride(1);
   // Where the rows go, read on the device by both copies.
@@ -47,7 +56,7 @@ void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_k
 
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
   m.impl("mla_cache_append", &mla_cache_append_cuda);
-  m.impl("mla_decode", &mla_decode_on<kvcache_attention>);
+  m.impl("mla_decode", &mla_decode_on<checked_kvcache_attention<kMlaDecodeOp>>);
 }
 
 }  // namespace attn_ops::cuda

@@ -4,6 +4,7 @@
 #include "rope/validation.h"
 
 #include "common/cuda/device_utils.cuh"
+#include "common/cuda/index_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -84,9 +85,11 @@ __global__ void rope_kernel(const RopeArgs<T, C, P> a) {
   }
 }
 
-void rotate(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& cos, const at::Tensor& sin,
+// dst = the rotation of src (validated for `op`), after the device-side check of the positions.
+void rotate(const char* op, const at::Tensor& src, const at::Tensor& dst, const at::Tensor& cos, const at::Tensor& sin,
             const at::Tensor& positions, bool interleaved, bool inverse) {
   const c10::cuda::CUDAGuard guard(src.device());
+  check_positions_on_device(op, positions, cos.size(0));
   const at::Tensor cos_c = cos.contiguous(), sin_c = sin.contiguous(), pos = positions.contiguous();
   const int64_t heads = src.size(-2), dim = src.size(-1), half = cos.size(1);
   const int64_t tokens = pos.numel();
@@ -123,14 +126,14 @@ at::Tensor rotary_embedding_cuda(const at::Tensor& x, const at::Tensor& cos, con
                                  const at::Tensor& positions, bool interleaved, bool inverse) {
   check_rotary_inputs("attn_ops.rotary_embedding", x, cos, sin, positions);
   at::Tensor out = at::empty(x.sizes(), x.options());
-  rotate(x, out, cos, sin, positions, interleaved, inverse);
+  rotate("attn_ops.rotary_embedding", x, out, cos, sin, positions, interleaved, inverse);
   return out;
 }
 
 void rotary_embedding__cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& positions, bool interleaved, bool inverse) {
   check_rotary_inplace_inputs(x, cos, sin, positions);
-  rotate(x, x, cos, sin, positions, interleaved, inverse);
+  rotate("attn_ops.rotary_embedding_", x, x, cos, sin, positions, interleaved, inverse);
 }
 
 }  // namespace

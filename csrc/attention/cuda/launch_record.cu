@@ -1,0 +1,46 @@
+// record_launch, and the diagnostic op that reads it back: _cuda_last_launch(Tensor device, str kernel)
+// -> int[] (empty when the kernel has not run in this process). It exists only in CUDA builds and is for
+// tests, not an API; `device` only names the dispatch key.
+#include "attention/cuda/launch_record.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <map>
+#include <mutex>
+
+namespace attn_ops::cuda {
+namespace {
+
+std::mutex& records_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<std::string, std::vector<int64_t>>& records() {
+  static std::map<std::string, std::vector<int64_t>> r;
+  return r;
+}
+
+std::vector<int64_t> last_launch(const at::Tensor& /*device*/, const std::string& kernel) {
+  const std::lock_guard<std::mutex> lock(records_mutex());
+  const auto it = records().find(kernel);
+  return it == records().end() ? std::vector<int64_t>{} : it->second;
+}
+
+}  // namespace
+
+void record_launch(const std::string& kernel, std::vector<int64_t> values) {
+  const std::lock_guard<std::mutex> lock(records_mutex());
+  records()[kernel] = std::move(values);
+}
+
+TORCH_LIBRARY_FRAGMENT(attn_ops, m) {
+  m.def("_cuda_last_launch(Tensor device, str kernel) -> int[]");
+}
+
+TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
+  m.impl("_cuda_last_launch", &last_launch);
+}
+
+}  // namespace attn_ops::cuda
