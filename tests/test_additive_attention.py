@@ -122,3 +122,26 @@ def test_backward_of_fully_padded_rows_is_zero():
     out.sum().backward()
     assert (qp.grad[0] == 0).all() and (kp.grad[0] == 0).all() and (v.grad[0] == 0).all()
     assert not any(torch.isnan(t.grad).any() for t in (qp, kp, w, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_large_projections_take_the_tanh_form(dtype):
+    """Batch entry 1 has |qp| far beyond exp(2 qp)'s range: it is computed with tanh, entry 0 with the
+    exponential form; both match the reference, forward and backward, with no NaN."""
+    qp, kp, w, v = additive_inputs(2, 6, 9, 12, 4)
+    qp[1] *= 80
+    kp[1, :, :6] *= -60
+    inputs = [t.to(dtype).requires_grad_() for t in (qp, kp, w, v)]
+    out, lse, _ = attn_ops.additive_attention(*inputs)
+    ref64 = [t.detach().requires_grad_() for t in (qp, kp, w, v)]
+    ref_out, ref_lse, _ = additive_attention_ref(*ref64)
+    same = [t.detach().to(dtype).requires_grad_() for t in (qp, kp, w, v)]
+    same_out, same_lse, _ = additive_attention_ref(*same)
+    assert_close_to_ref(out, ref_out, same_out, name="out")
+    assert_close_to_ref(lse, ref_lse, same_lse.to(lse.dtype), name="lse")
+    dout = torch.randn(2, 6, 4, dtype=torch.float64)
+    grads = torch.autograd.grad((out * dout.to(dtype)).sum(), inputs)
+    ref_grads = torch.autograd.grad((ref_out * dout).sum(), ref64)
+    same_grads = torch.autograd.grad((same_out * dout.to(dtype)).sum(), same)
+    for name, g, r, s in zip(["dqp", "dkp", "dw", "dv"], grads, ref_grads, same_grads):
+        assert_close_to_ref(g, r, s, name=name)

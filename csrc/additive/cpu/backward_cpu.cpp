@@ -27,8 +27,7 @@ void backward_rows(const BackwardInputs& in,
                    const at::Tensor& dv_parts,   // [threads, batch, key_len, value_dim] acc_t, zeros
                    const at::Tensor& dw_parts) { // [threads, hidden] acc_t, zeros
   const int64_t B = in.qp.size(0), Tq = in.qp.size(1), Tk = in.kp.size(1), A = in.qp.size(2), Dv = in.v.size(2);
-  const acc_t* Q = in.qp.const_data_ptr<acc_t>();
-  const acc_t* K = in.kp.const_data_ptr<acc_t>();
+  const AdditiveScorer<acc_t> score(in.qp, in.kp, in.w);
   const acc_t* W = in.w.const_data_ptr<acc_t>();
   const acc_t* V = in.v.const_data_ptr<acc_t>();
   const acc_t* dO = in.dout.const_data_ptr<acc_t>();
@@ -44,7 +43,6 @@ void backward_rows(const BackwardInputs& in,
     std::vector<acc_t> t(A);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / Tq;
-      const acc_t* q = Q + r * A;
       const acc_t* dout = dO + r * Dv;
       acc_t* dq = dQ + r * A;
       std::fill(dq, dq + A, acc_t(0));
@@ -61,7 +59,7 @@ void backward_rows(const BackwardInputs& in,
         if (in.mask && in.mask[key]) {
           continue;
         }
-        const acc_t p = std::exp(additive_score<true>(q, K + key * A, W, t.data(), A) - L[r]);
+        const acc_t p = std::exp(score.template pair<true>(b, r, key, t.data()) - L[r]);
         const acc_t* vj = V + key * Dv;
         acc_t* dvj = dV + key * Dv;
         acc_t dp = 0;

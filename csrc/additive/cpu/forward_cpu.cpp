@@ -23,10 +23,8 @@ void forward_rows(const at::Tensor& qp,    // [batch, query_len, hidden] acc_t, 
                   const at::Tensor& out,   // [batch, query_len, value_dim] acc_t
                   const at::Tensor& lse,   // [batch, query_len] acc_t
                   acc_t* weights) {        // [batch, query_len, key_len] or nullptr
-  const int64_t B = qp.size(0), Tq = qp.size(1), Tk = kp.size(1), A = qp.size(2), Dv = v.size(2);
-  const acc_t* Q = qp.const_data_ptr<acc_t>();
-  const acc_t* K = kp.const_data_ptr<acc_t>();
-  const acc_t* W = w.const_data_ptr<acc_t>();
+  const int64_t B = qp.size(0), Tq = qp.size(1), Tk = kp.size(1), Dv = v.size(2);
+  const AdditiveScorer<acc_t> score(qp, kp, w);
   const acc_t* V = v.const_data_ptr<acc_t>();
   acc_t* O = out.mutable_data_ptr<acc_t>();
   acc_t* L = lse.mutable_data_ptr<acc_t>();
@@ -35,7 +33,6 @@ void forward_rows(const at::Tensor& qp,    // [batch, query_len, hidden] acc_t, 
     std::vector<acc_t> s(kKeyBlock);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / Tq;
-      const acc_t* q = Q + r * A;
       acc_t* o = O + r * Dv;
       acc_t* row_weights = weights ? weights + r * Tk : nullptr;
       std::fill(o, o + Dv, acc_t(0));
@@ -45,7 +42,7 @@ void forward_rows(const at::Tensor& qp,    // [batch, query_len, hidden] acc_t, 
         acc_t block_max = kNegInf;
         for (int64_t j = 0; j < n; ++j) {
           const int64_t key = b * Tk + j0 + j;
-          s[j] = (mask && mask[key]) ? kNegInf : additive_score<false, acc_t>(q, K + key * A, W, nullptr, A);
+          s[j] = (mask && mask[key]) ? kNegInf : score.template pair<false>(b, r, key, nullptr);
           block_max = nan_max(block_max, s[j]);
         }
         if (row_weights) {
