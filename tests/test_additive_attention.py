@@ -17,6 +17,11 @@ SHAPES = [  # B, Tq, Tk, A, Dv
 ]
 
 
+def on(device, *tensors):
+    """The tensors on `device` (None stays None)."""
+    return [None if t is None else t.to(device) for t in tensors]
+
+
 def random_mask(B, Tk, *, hide_row=None):
     mask = torch.rand(B, Tk) < 0.3
     if hide_row is not None and Tk:
@@ -26,10 +31,11 @@ def random_mask(B, Tk, *, hide_row=None):
 
 @pytest.mark.parametrize("B, Tq, Tk, A, Dv", SHAPES)
 @pytest.mark.parametrize("masked", [False, True])
-def test_forward_float64(B, Tq, Tk, A, Dv, masked):
+def test_forward_float64(B, Tq, Tk, A, Dv, masked, device):
     qp, kp, w, v = additive_inputs(B, Tq, Tk, A, Dv)
     mask = random_mask(B, Tk, hide_row=0) if masked else None
-    out, lse, weights = attn_ops.additive_attention(qp, kp, w, v, key_padding_mask=mask, return_weights=True)
+    out, lse, weights = (t.cpu() for t in attn_ops.additive_attention(
+        *on(device, qp, kp, w, v), key_padding_mask=on(device, mask)[0], return_weights=True))
     ref_out, ref_lse, ref_weights = additive_attention_ref(qp, kp, w, v, mask)
     torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-12, atol=1e-12)
@@ -46,12 +52,13 @@ def test_without_weights_returns_empty_tensor():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_low_precision_rule(dtype):
+def test_low_precision_rule(dtype, device):
     qp, kp, w, v = additive_inputs(2, 33, 150, 40, 24)
     mask = random_mask(2, 150)
     ref_out, ref_lse, ref_weights = additive_attention_ref(qp, kp, w, v, mask)
     low = [t.to(dtype) for t in (qp, kp, w, v)]
-    out, lse, weights = attn_ops.additive_attention(*low, key_padding_mask=mask, return_weights=True)
+    out, lse, weights = (t.cpu() for t in attn_ops.additive_attention(
+        *on(device, *low), key_padding_mask=on(device, mask)[0], return_weights=True))
     same_out, same_lse, same_weights = additive_attention_ref(*low, mask)
     assert out.dtype == dtype and lse.dtype == torch.float32 and weights.dtype == dtype
     assert_close_to_ref(out, ref_out, same_out, name="out")
@@ -78,9 +85,9 @@ def test_nan_propagates_to_its_rows_only():
 
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("use_lse", [False, True])
-def test_gradcheck(masked, use_lse):
-    qp, kp, w, v = additive_inputs(2, 3, 5, 4, 3, requires_grad=True)
-    mask = random_mask(2, 5, hide_row=1) if masked else None
+def test_gradcheck(masked, use_lse, device):
+    qp, kp, w, v = (t.detach().to(device).requires_grad_() for t in additive_inputs(2, 3, 5, 4, 3))
+    mask = on(device, random_mask(2, 5, hide_row=1) if masked else None)[0]
 
     def f(qp, kp, w, v):
         out, lse, _ = attn_ops.additive_attention(qp, kp, w, v, key_padding_mask=mask)
@@ -92,23 +99,24 @@ def test_gradcheck(masked, use_lse):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gradients_against_reference(dtype):
+def test_gradients_against_reference(dtype, device):
     B, Tq, Tk, A, Dv = 2, 20, 140, 24, 16
     inputs64 = additive_inputs(B, Tq, Tk, A, Dv, requires_grad=True)
     mask = random_mask(B, Tk)
     dout = torch.randn(B, Tq, Dv, dtype=torch.float64)
     dlse = torch.randn(B, Tq, dtype=torch.float64)
 
-    def grads(fn, inputs, cast):
+    def grads(fn, inputs):
         out, lse = fn(inputs)[:2]
-        loss = (out * dout.to(out.dtype)).sum() + (lse * dlse.to(lse.dtype)).sum()
+        loss = (out * dout.to(out)).sum() + (lse * dlse.to(lse)).sum()
         return torch.autograd.grad(loss, inputs)
 
-    ref = grads(lambda x: additive_attention_ref(*x, mask), inputs64, torch.float64)
-    low = [t.detach().to(dtype).requires_grad_() for t in inputs64]
-    ours = grads(lambda x: attn_ops.additive_attention(*x, key_padding_mask=mask), low, dtype)
+    ref = grads(lambda x: additive_attention_ref(*x, mask), inputs64)
+    low = [t.detach().to(device, dtype).requires_grad_() for t in inputs64]
+    ours = [g.cpu() for g in grads(lambda x: attn_ops.additive_attention(*x, key_padding_mask=on(device, mask)[0]),
+                                   low)]
     low2 = [t.detach().to(dtype).requires_grad_() for t in inputs64]
-    same = grads(lambda x: additive_attention_ref(*x, mask), low2, dtype)
+    same = grads(lambda x: additive_attention_ref(*x, mask), low2)
     for name, o, r, s in zip(["dqp", "dkp", "dw", "dv"], ours, ref, same):
         assert o.dtype == dtype
         assert_close_to_ref(o, r, s, name=name)
