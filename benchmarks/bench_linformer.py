@@ -8,7 +8,8 @@ op over them. The Q/K/V/output projections are the same for both and are left ou
 Predicted speed-up from the FLOP counts: full 4·T²·H·D; Linformer 4·T·P·H·D (attention) +
 4·P·T·Hkv·D (the two projections), so full / Linformer = T / (P · (1 + Hkv / H)).
 
-Time: median of --repeats calls (benchmarks/common.measure). Peak memory: resident-set growth at the
+Time: --repeats interleaved rounds (full, then Linformer), minimum per implementation; speed-up: median
+over rounds of the per-round ratio. Peak memory: resident-set growth at the
 call's peak, inputs excluded, in a fresh child process (benchmarks/peak_rss.py). Writes a markdown
 table and a PNG plot (matplotlib).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -59,7 +61,7 @@ def plot(rows, P, path):
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
     for impl, marker in (("full", "o"), ("linformer", "s")):
         sel = [r for r in rows if r["impl"] == impl]
-        ax_t.plot(Ts, [r["median_s"] * 1e3 for r in sel], marker=marker, label=impl)
+        ax_t.plot(Ts, [r["min_s"] * 1e3 for r in sel], marker=marker, label=impl)
         ax_m.plot(Ts, [r["peak_bytes"] / 2**20 for r in sel], marker=marker, label=impl)
     for ax, label in ((ax_t, "time (ms)"), (ax_m, "peak memory (MiB)")):
         ax.set_xscale("log", base=2)
@@ -77,7 +79,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
     p.add_argument("--proj-len", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out")
     p.add_argument("--json")
     p.add_argument("--plot")
@@ -88,21 +90,27 @@ def main():
     script = os.path.abspath(__file__)
     results, table = [], []
     for T in map(int, args.lengths.split(",")):
+        calls = {impl: make_call(impl, T, P) for impl in ("full", "linformer")}
+        for call in calls.values():  # warm-up
+            call()
+        samples = {impl: [] for impl in calls}
+        for _ in range(args.repeats):  # interleaved rounds: both see the same load from other jobs
+            for impl, call in calls.items():
+                t0 = time.perf_counter()
+                call()
+                samples[impl].append(time.perf_counter() - t0)
         row = {}
-        for impl in ("full", "linformer"):
-            t = common.measure(make_call(impl, T, P), device="cpu", repeats=args.repeats, warmup=1, budget_s=40)
+        for impl in calls:
             mem = peak_rss.measure_in_child(script, [impl, str(T), str(P)])
-            row[impl] = {"impl": impl, "T": T, "median_s": t["median_s"], "n": t["n"], "samples": t["samples"],
-                         **mem}
+            row[impl] = {"impl": impl, "T": T, "min_s": min(samples[impl]), "samples": samples[impl], **mem}
             results.append(row[impl])
-            print(T, impl, f"{t['median_s'] * 1e3:.1f} ms", mem, flush=True)
+            print(T, impl, [f"{x * 1e3:.1f} ms" for x in samples[impl]], mem, flush=True)
         full, lin = row["full"], row["linformer"]
         predicted = T / (P * 2)  # Hkv = H
-        measured = full["median_s"] / lin["median_s"]
-        table.append([str(T), common.fmt_time(full["median_s"]), common.fmt_time(lin["median_s"]),
+        measured = statistics.median(f / l for f, l in zip(full["samples"], lin["samples"]))
+        table.append([str(T), common.fmt_time(full["min_s"]), common.fmt_time(lin["min_s"]),
                       f"{measured:.1f}x", f"{predicted:.1f}x", f"{measured / predicted:.2f}",
-                      common.fmt_bytes(full["peak_bytes"]), common.fmt_bytes(lin["peak_bytes"]),
-                      f"{full['n']}/{lin['n']}"])
+                      common.fmt_bytes(full["peak_bytes"]), common.fmt_bytes(lin["peak_bytes"])])
     elapsed = time.perf_counter() - start
     md = [f"# Linformer (proj_len {P}) vs full attention (CPU)", "",
           f"- machine: {info['cpu']}, {info['usable_cores']} usable cores, torch.get_num_threads() = "
@@ -113,13 +121,16 @@ def main():
           f"- command: `{info['command']}`",
           f"- q, k, v [1, T, {H}, {D}] float32; full = attn_ops.attention over T keys; Linformer = "
           f"E[:, :T] K, F[:, :T] V ([{P}, T] each) then attn_ops.attention over {P} keys",
-          "", "predicted = T / (2 proj_len), from the FLOP counts (see the script's docstring); "
+          "", "Timing: one warm-up call each, then --repeats rounds, each timing full then Linformer back to back "
+          "(so both see the same load from the other jobs on this shared machine); the times are the minimum "
+          "over rounds, the speed-up is the median over rounds of full / Linformer. "
+          "predicted = T / (2 proj_len), from the FLOP counts (see the script's docstring); "
           "measured / predicted = 1 means the complexity model holds. Peak memory: resident-set growth at "
           "the call's peak in a fresh process, inputs excluded (attn_ops.attention streams keys, so full "
           "attention's memory is linear in T here too; a materializing implementation would need "
-          "4·H·T² bytes for the scores). n = samples full/linformer.", "",
+          "4·H·T² bytes for the scores).", "",
           common.markdown_table(["T", "full", "linformer", "speed-up", "predicted", "measured / predicted",
-                                 "full peak", "linformer peak", "n"], table)]
+                                 "full peak", "linformer peak"], table)]
     if args.plot:
         plot(results, P, args.plot)
         md += ["", f"![time and memory]({os.path.basename(args.plot)})"]
