@@ -37,4 +37,9 @@ __all__ = [
     "rotary_embedding",
     "rotary_embedding_",
 ]
+
+from . import training  # noqa: E402
+from .ops import additive_attention  # noqa: E402
+
+__all__ += ["training", "additive_attention"]
 __version__ = "0.1.0"

@@ -266,3 +266,32 @@ def mla_decode(
     """
     return torch.ops.attn_ops.mla_decode(q_latent, q_rope, latent_cache, cache_seqlens, scale=scale,
                                          block_table=block_table, causal=causal)
+
+
+def additive_attention(
+    qp: Tensor,
+    kp: Tensor,
+    w: Tensor,
+    v: Tensor,
+    *,
+    key_padding_mask: Optional[Tensor] = None,
+    return_weights: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Additive (Bahdanau) attention, fused: ``score_ij = w . tanh(qp_i + kp_j)``, softmax over ``j``,
+    ``out_i = sum_j p_ij v_j``.
+
+    ``qp`` ``[B, Tq, A]`` and ``kp`` ``[B, Tk, A]`` are the already projected queries and keys
+    (``W_q q``, ``W_k k``, biases included), ``w`` ``[A]``, ``v`` ``[B, Tk, Dv]``. Keys are streamed with an
+    online softmax: no ``[B, Tq, Tk, A]`` (nor ``[B, Tq, Tk]``) tensor is built, forward or backward.
+    ``key_padding_mask``: bool ``[B, Tk]``, True marks a padded key to ignore (as ``nn.MultiheadAttention``).
+
+    Returns ``(out [B, Tq, Dv], lse [B, Tq], weights)``. ``lse`` is the log-sum-exp of each row's scores,
+    float32 (float64 for float64 inputs); a row whose keys are all padded gives zeros and ``lse = -inf``.
+    ``weights`` is the softmax ``[B, Tq, Tk]`` when ``return_weights`` (it then costs ``B*Tq*Tk`` memory),
+    else an empty ``[0]`` tensor; the op always has three outputs so that it traces with a fixed schema.
+    ``out`` and ``lse`` are differentiable (``qp``, ``kp``, ``w``, ``v``); ``weights`` is not.
+
+    Dtypes: float16, bfloat16, float32, float64 (float32 accumulation, float64 for float64).
+    """
+    return torch.ops.attn_ops.additive_attention(qp, kp, w, v, key_padding_mask=key_padding_mask,
+                                                 return_weights=return_weights)

@@ -79,4 +79,24 @@ std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const 
   return op.call(q_latent, q_rope, latent_cache, cache_seqlens, scale, block_table, causal);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> additive_attention(const at::Tensor& qp, const at::Tensor& kp,
+                                                                  const at::Tensor& w, const at::Tensor& v,
+                                                                  const std::optional<at::Tensor>& key_padding_mask,
+                                                                  bool return_weights) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::additive_attention", "")
+                             .typed<decltype(additive_attention)>();
+  return op.call(qp, kp, w, v, key_padding_mask, return_weights);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> additive_attention_backward(
+    const at::Tensor& dout, const std::optional<at::Tensor>& dlse, const at::Tensor& qp, const at::Tensor& kp,
+    const at::Tensor& w, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const std::optional<at::Tensor>& key_padding_mask) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::additive_attention_backward", "")
+                             .typed<decltype(additive_attention_backward)>();
+  return op.call(dout, dlse, qp, kp, w, v, out, lse, key_padding_mask);
+}
+
 }  // namespace attn_ops

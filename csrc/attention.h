@@ -91,4 +91,19 @@ std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const 
                                               double scale, const std::optional<at::Tensor>& block_table = std::nullopt,
                                               bool causal = true);
 
+// Additive (Bahdanau) attention, score_ij = w . tanh(qp_i + kp_j), streamed over keys (never
+// [batch, query_len, key_len, hidden]): qp [batch, query_len, hidden], kp [batch, key_len, hidden], w [hidden],
+// v [batch, key_len, value_dim], key_padding_mask bool [batch, key_len] (true = padded) -> out
+// [batch, query_len, value_dim], lse [batch, query_len], weights [batch, query_len, key_len] (empty [0]
+// unless return_weights). Semantics: docs/additive_api.md.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> additive_attention(
+    const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& w, const at::Tensor& v,
+    const std::optional<at::Tensor>& key_padding_mask = std::nullopt, bool return_weights = false);
+
+// Gradients of additive_attention for qp, kp, w and v (dlse optional).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> additive_attention_backward(
+    const at::Tensor& dout, const std::optional<at::Tensor>& dlse, const at::Tensor& qp, const at::Tensor& kp,
+    const at::Tensor& w, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const std::optional<at::Tensor>& key_padding_mask = std::nullopt);
+
 }  // namespace attn_ops

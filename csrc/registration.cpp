@@ -47,4 +47,14 @@ TORCH_LIBRARY(attn_ops, m) {
   m.def(
       "mla_decode(Tensor q_latent, Tensor q_rope, Tensor latent_cache, Tensor cache_seqlens, *, float scale, "
       "Tensor? block_table=None, bool causal=True) -> (Tensor out_latent, Tensor lse)");
+
+  // Additive (Bahdanau) attention, w . tanh(qp_i + kp_j), streamed over keys. Always three outputs
+  // (fixed arity for torch.compile): weights is [batch, query_len, key_len] when return_weights, else
+  // an empty [0] tensor. Semantics: docs/additive_api.md.
+  m.def(
+      "additive_attention(Tensor qp, Tensor kp, Tensor w, Tensor v, *, Tensor? key_padding_mask=None, "
+      "bool return_weights=False) -> (Tensor out, Tensor lse, Tensor weights)");
+  m.def(
+      "additive_attention_backward(Tensor dout, Tensor? dlse, Tensor qp, Tensor kp, Tensor w, Tensor v, "
+      "Tensor out, Tensor lse, *, Tensor? key_padding_mask=None) -> (Tensor dqp, Tensor dkp, Tensor dw, Tensor dv)");
 }

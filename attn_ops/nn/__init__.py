@@ -9,6 +9,8 @@
 * :class:`KVCache` (contiguous) and :class:`PagedKVCache` (paged, with a block allocator): the caches
   a multi-layer model passes to every attention layer during generation; :class:`LatentKVCache` and
   :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token).
+* :class:`LinformerSelfAttention`: Linformer (keys/values projected along the sequence, linear in T).
+* :class:`AdditiveAttention`: Bahdanau attention on the fused additive_attention op.
 """
 from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 from .cache import KVCache, LatentKVCache, OutOfBlocksError, PagedKVCache, PagedLatentKVCache
@@ -25,3 +27,8 @@ __all__ = [
     "PagedLatentKVCache",
     "OutOfBlocksError",
 ]
+
+from .additive import AdditiveAttention  # noqa: E402
+from .linformer import LinformerSelfAttention  # noqa: E402
+
+__all__ += ["LinformerSelfAttention", "AdditiveAttention"]
