@@ -7,8 +7,8 @@ References, in plain PyTorch:
   scores = scale * (q_latent . c_kv + q_rope . k_pe), bottom-right causal mask when asked, softmax,
   out_latent = P c_kv, lse. The softmax is written out here (not reference.attention_ref), so the
   direct form and the expanded form below share no code path but the mask rule;
-- mla_decode_expanded_ref: the same attention in the naive (non-absorbed) form of DESIGN.md "MLA,
-  precisely": per-head keys k_h = [W_UK_h c_kv ; k_pe], values v_h = W_UV_h c_kv and queries
+- mla_decode_expanded_ref: the same attention in the naive (non-absorbed) form of docs/mla_api.md
+  "MLA, precisely": per-head keys k_h = [W_UK_h c_kv ; k_pe], values v_h = W_UV_h c_kv and queries
   [q_nope_h ; q_rope_h], run through reference.attention_ref. W_UV_h applied to the absorbed
   out_latent must give its output (absorb_query / apply_w_uv build the absorbed inputs / outputs).
 """

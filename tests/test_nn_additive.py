@@ -1,4 +1,4 @@
-"""attn_ops.nn.AdditiveAttention (Bahdanau) against the seed's materializing formulation in float64,
+"""attn_ops.nn.AdditiveAttention (Bahdanau) against the textbook materializing formulation in float64,
 the decoder loop with keys projected once, padding, compile and bad inputs."""
 import pytest
 import torch

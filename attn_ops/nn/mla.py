@@ -1,6 +1,6 @@
 """DeepSeek-V2/V3 multi-head latent attention (MLA) on the attn_ops operators.
 
-Per token (docs/mla_api.md, ../shared/DESIGN.md "MLA, precisely"): the query goes through a low-rank
+Per token (docs/mla_api.md, "MLA, precisely"): the query goes through a low-rank
 path (``q_a_proj -> RMSNorm -> q_b_proj``, or one ``q_proj``) and splits per head into ``q_nope``
 (``qk_nope_head_dim``) and ``q_pe`` (``qk_rope_head_dim``); ``kv_a_proj_with_mqa`` gives the latent
 ``c_kv`` (``kv_lora_rank``, then RMSNorm) and one rotary key ``k_pe`` shared by all heads;
