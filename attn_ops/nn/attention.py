@@ -11,12 +11,13 @@ from torch import Tensor, nn
 
 from .. import ops as _ops
 from ._collectives import copy_to_ranks, output_projection
+from ._common import RotaryTables, positions_for, rotate
 from .cache import KVCache, PagedKVCache
 
 __all__ = ["GroupedQueryAttention", "MultiQueryAttention", "MultiHeadAttention"]
 
 
-class GroupedQueryAttention(nn.Module):
+class GroupedQueryAttention(RotaryTables):
     """Causal grouped-query self-attention with RoPE, laid out like HuggingFace's Llama / Mistral /
     Qwen2 attention (so their checkpoints' weights load by name).
 
@@ -66,20 +67,14 @@ class GroupedQueryAttention(nn.Module):
             raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = head_dim
-        self.rope_theta = float(rope_theta)
         self.rope_interleaved = bool(rope_interleaved)
         self.sliding_window = sliding_window
-        self.max_position_embeddings = max_position_embeddings
         fk = dict(device=device, dtype=dtype)
         self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias, **fk)
         self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **fk)
         self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **fk)
         self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=False, **fk)
-        table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        cos, sin = _ops.rotary_cos_sin(max_position_embeddings, head_dim, self.rope_theta,
-                                       dtype=table_dtype, device=device)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self._init_rotary(head_dim, rope_theta, max_position_embeddings, dtype, device)
         # process group of the ranks sharing the heads; set by attn_ops.distributed.tensor_parallel
         self.tp_group = None
 
@@ -138,26 +133,6 @@ class GroupedQueryAttention(nn.Module):
         """The ops' ``window_left`` for :attr:`sliding_window` (``-1`` when unbounded)."""
         return self.sliding_window - 1 if self.sliding_window is not None else -1
 
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        # Casting the module to float16 / bfloat16 also casts the buffers; keep the rotary tables in
-        # float32 instead (the op computes in float32 and accepts float32 tables for any x dtype).
-        if self.rope_cos.dtype not in (torch.float32, torch.float64):
-            if self.rope_cos.device.type == "meta":
-                cos, sin = self.rope_cos.float(), self.rope_sin.float()
-            else:
-                cos, sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.head_dim,
-                                               self.rope_theta, dtype=torch.float32,
-                                               device=self.rope_cos.device)
-            self.rope_cos, self.rope_sin = cos, sin
-        return self
-
-    def _tables(self, dtype: torch.dtype):
-        cos, sin = self.rope_cos, self.rope_sin
-        if cos.dtype != torch.float32 and cos.dtype != dtype:  # float64 tables, non-float64 input
-            cos, sin = cos.float(), sin.float()
-        return cos, sin
-
     def forward(self, x: Tensor, positions: Optional[Tensor] = None,
                 cache: Optional[Union[KVCache, PagedKVCache]] = None, layer_idx: int = 0) -> Tensor:
         """``x [B, T, E] -> [B, T, E]``.
@@ -183,26 +158,13 @@ class GroupedQueryAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         cos, sin = self._tables(q.dtype)
-        rope = dict(interleaved=self.rope_interleaved)
+        positions = positions_for(positions, B, T, x.device, cache)
+        # with a cache, rotate in place (tensors that require grad still rotate out of place)
+        rope = dict(interleaved=self.rope_interleaved, in_place=cache is not None)
+        q, k = rotate(q, cos, sin, positions, **rope), rotate(k, cos, sin, positions, **rope)
         if cache is None:
-            if positions is None:
-                positions = torch.arange(T, device=x.device)
-            positions = positions.expand(B, T) if positions.dim() == 1 else positions
-            q = _ops.rotary_embedding(q, cos, sin, positions, **rope)
-            k = _ops.rotary_embedding(k, cos, sin, positions, **rope)
             out, _ = _ops.attention(q, k, v, causal=True, window_left=self.window_left)
         else:
-            if positions is None:
-                positions = cache.positions(B, T)
-            elif positions.dim() == 1:
-                positions = positions.expand(B, T)
-            if q.requires_grad or k.requires_grad:
-                # grad mode on: rotate out of place (the cached path is not differentiable anyway)
-                q = _ops.rotary_embedding(q, cos, sin, positions, **rope)
-                k = _ops.rotary_embedding(k, cos, sin, positions, **rope)
-            else:
-                _ops.rotary_embedding_(q, cos, sin, positions, **rope)
-                _ops.rotary_embedding_(k, cos, sin, positions, **rope)
             cache.append(layer_idx, k, v)
             out = cache.attend(layer_idx, q, window_left=self.window_left)
             if layer_idx == cache.num_layers - 1:

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from .. import ops as _ops
+from ._common import check_positive
 
 __all__ = ["KVCache", "PagedKVCache", "LatentKVCache", "PagedLatentKVCache", "OutOfBlocksError"]
 
@@ -52,12 +53,6 @@ Rows = Union[int, Sequence[int], Tensor]
 
 class OutOfBlocksError(RuntimeError):
     """``reserve`` of a paged cache found fewer free blocks than the next tokens need."""
-
-
-def _check_positive(name: str, value: int, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def _per_layer(num_layers: int, shape: Tuple[int, ...], dtype: torch.dtype, device) -> List[Tensor]:
@@ -69,9 +64,9 @@ def _per_layer(num_layers: int, shape: Tuple[int, ...], dtype: torch.dtype, devi
 def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, head_dim: int,
                      head_dim_v: Optional[int], dtype: torch.dtype, device) -> Tuple[List[Tensor], List[Tensor]]:
     """One K and one V tensor per layer, ``[*rows, num_kv_heads, head_dim(_v)]``."""
-    _check_positive("num_kv_heads", num_kv_heads)
-    _check_positive("head_dim", head_dim)
-    head_dim_v = head_dim if head_dim_v is None else _check_positive("head_dim_v", head_dim_v)
+    check_positive("num_kv_heads", num_kv_heads)
+    check_positive("head_dim", head_dim)
+    head_dim_v = head_dim if head_dim_v is None else check_positive("head_dim_v", head_dim_v)
     return (_per_layer(num_layers, (*rows, num_kv_heads, head_dim), dtype, device),
             _per_layer(num_layers, (*rows, num_kv_heads, head_dim_v), dtype, device))
 
@@ -205,9 +200,9 @@ class _ContiguousRows:
     """What the contiguous caches share: ``batch_size`` rows of ``capacity`` tokens each."""
 
     def _init_rows(self, num_layers: int, batch_size: int, capacity: int, device) -> None:
-        self.num_layers = _check_positive("num_layers", num_layers)
-        self.batch_size = _check_positive("batch_size", batch_size)
-        self._capacity = _check_positive("capacity", capacity)
+        self.num_layers = check_positive("num_layers", num_layers)
+        self.batch_size = check_positive("batch_size", batch_size)
+        self._capacity = check_positive("capacity", capacity)
         self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
 
     @property
@@ -272,11 +267,11 @@ class _PagedBase(_CacheBase):
 
     def _init_paged(self, num_layers: int, num_blocks: int, block_size: int, max_batch: int,
                     max_blocks_per_seq: int, device) -> None:
-        self.num_layers = _check_positive("num_layers", num_layers)
-        self.num_blocks = _check_positive("num_blocks", num_blocks)
-        self.block_size = _check_positive("block_size", block_size)
-        self.max_batch = _check_positive("max_batch", max_batch)
-        self.max_blocks_per_seq = _check_positive("max_blocks_per_seq", max_blocks_per_seq)
+        self.num_layers = check_positive("num_layers", num_layers)
+        self.num_blocks = check_positive("num_blocks", num_blocks)
+        self.block_size = check_positive("block_size", block_size)
+        self.max_batch = check_positive("max_batch", max_batch)
+        self.max_blocks_per_seq = check_positive("max_blocks_per_seq", max_blocks_per_seq)
         self.seqlens = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self.block_table = torch.full((max_batch, max_blocks_per_seq), num_blocks, dtype=torch.int32,
                                       device=device)
@@ -477,8 +472,8 @@ class _LatentCacheBase(_CacheBase):
 
     def _init_latent(self, rows: Tuple[int, int], kv_lora_rank: int, rope_dim: int,
                      dtype: torch.dtype, device) -> None:
-        self._kv_lora_rank = _check_positive("kv_lora_rank", kv_lora_rank)
-        _check_positive("rope_dim", rope_dim)
+        self._kv_lora_rank = check_positive("kv_lora_rank", kv_lora_rank)
+        check_positive("rope_dim", rope_dim)
         self.latent = _per_layer(self.num_layers, (*rows, kv_lora_rank + rope_dim), dtype, device)
 
     def _storage(self) -> List[Tensor]:

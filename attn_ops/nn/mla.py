@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from .. import ops as _ops
 from ._collectives import copy_to_ranks, output_projection
+from ._common import RotaryTables, check_positive, positions_for, rotate
 from .cache import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
 
 __all__ = ["MultiHeadLatentAttention"]
@@ -45,13 +46,7 @@ class _RMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 
 
-def _positive(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-class MultiHeadLatentAttention(nn.Module):
+class MultiHeadLatentAttention(RotaryTables):
     """Causal multi-head latent attention (DeepSeek-V2/V3), laid out like HuggingFace's
     ``DeepseekV3Attention`` so its checkpoints' attention weights load by name, unchanged.
 
@@ -93,9 +88,9 @@ class MultiHeadLatentAttention(nn.Module):
                             ("kv_lora_rank", kv_lora_rank), ("qk_nope_head_dim", qk_nope_head_dim),
                             ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim),
                             ("max_position_embeddings", max_position_embeddings)):
-            _positive(name, value)
+            check_positive(name, value)
         if q_lora_rank is not None:
-            _positive("q_lora_rank", q_lora_rank)
+            check_positive("q_lora_rank", q_lora_rank)
         if qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even for rotary embeddings, got {qk_rope_head_dim}")
         self.hidden_size, self.num_heads = hidden_size, num_heads
@@ -103,8 +98,6 @@ class MultiHeadLatentAttention(nn.Module):
         self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
         self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
         self.v_head_dim = v_head_dim
-        self.rope_theta = float(rope_theta)
-        self.max_position_embeddings = max_position_embeddings
         self.softmax_scale = float(softmax_scale) if softmax_scale is not None else self.qk_head_dim ** -0.5
         fk = dict(device=device, dtype=dtype)
         H = num_heads
@@ -119,40 +112,21 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_a_layernorm = _RMSNorm(kv_lora_rank, rms_norm_eps, **fk)
         self.kv_b_proj = nn.Linear(kv_lora_rank, H * (qk_nope_head_dim + v_head_dim), bias=False, **fk)
         self.o_proj = nn.Linear(H * v_head_dim, hidden_size, bias=attention_bias, **fk)
-        table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        cos, sin = _ops.rotary_cos_sin(max_position_embeddings, qk_rope_head_dim, self.rope_theta,
-                                       dtype=table_dtype, device=device)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self._init_rotary(qk_rope_head_dim, rope_theta, max_position_embeddings, dtype, device)
         # (key, weakref to kv_b_proj.weight, w_uk, w_uv): see absorbed_weights()
         self._absorbed: Optional[tuple] = None
         # process group of the ranks sharing the heads; set by attn_ops.distributed.tensor_parallel
         self.tp_group = None
 
-    # ---- dtype handling of the rotary tables (as GroupedQueryAttention) ----------------------------
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self._absorbed = None  # the parameters have new storage anyway; drop the stale copies now
-        if self.rope_cos.dtype not in (torch.float32, torch.float64):
-            if self.rope_cos.device.type == "meta":
-                cos, sin = self.rope_cos.float(), self.rope_sin.float()
-            else:
-                cos, sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.qk_rope_head_dim,
-                                               self.rope_theta, dtype=torch.float32,
-                                               device=self.rope_cos.device)
-            self.rope_cos, self.rope_sin = cos, sin
         return self
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_absorbed"] = None  # holds a weakref (not picklable) and derived tensors
         return state
-
-    def _tables(self, dtype: torch.dtype):
-        cos, sin = self.rope_cos, self.rope_sin
-        if cos.dtype != torch.float32 and cos.dtype != dtype:  # float64 tables, non-float64 input
-            cos, sin = cos.float(), sin.float()
-        return cos, sin
 
     # ---- absorbed weights ------------------------------------------------------------------------
     def _split_kv_b(self, w: Tensor) -> Tuple[Tensor, Tensor]:
@@ -236,12 +210,15 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             cos, sin = rope_tables
 
+        if cache is not None and not isinstance(cache, _LatentCacheBase):
+            raise TypeError(f"MultiHeadLatentAttention needs a LatentKVCache or PagedLatentKVCache, "
+                            f"got {type(cache).__name__}")
+        positions = positions_for(positions, B, T, x.device, cache)
+        # with a cache, rotate in place (tensors that require grad still rotate out of place)
+        q_pe = rotate(q_pe, cos, sin, positions, interleaved=True, in_place=cache is not None)
+        k_pe = rotate(k_pe, cos, sin, positions, interleaved=True, in_place=cache is not None)
+
         if cache is None:
-            if positions is None:
-                positions = torch.arange(T, device=x.device)
-            positions = positions.expand(B, T) if positions.dim() == 1 else positions
-            q_pe = _ops.rotary_embedding(q_pe, cos, sin, positions, interleaved=True)
-            k_pe = _ops.rotary_embedding(k_pe, cos, sin, positions, interleaved=True)
             kv = self.kv_b_proj(c_kv).view(B, T, H, nope + dv)
             k_nope, v = kv[..., :nope], kv[..., nope:]
             q = torch.cat((q_nope, q_pe), dim=-1)
@@ -249,20 +226,6 @@ class MultiHeadLatentAttention(nn.Module):
             out, _ = _ops.attention(q, k, v, causal=True, scale=self.softmax_scale)
             return output_projection(self.o_proj, out.reshape(B, T, H * dv), self.tp_group)
 
-        if not isinstance(cache, _LatentCacheBase):
-            raise TypeError(f"MultiHeadLatentAttention needs a LatentKVCache or PagedLatentKVCache, "
-                            f"got {type(cache).__name__}")
-        if positions is None:
-            positions = cache.positions(B, T)
-        elif positions.dim() == 1:
-            positions = positions.expand(B, T)
-        if q.requires_grad or compressed.requires_grad:
-            # grad mode on: rotate out of place (the cached path is not differentiable anyway)
-            q_pe = _ops.rotary_embedding(q_pe, cos, sin, positions, interleaved=True)
-            k_pe = _ops.rotary_embedding(k_pe, cos, sin, positions, interleaved=True)
-        else:
-            _ops.rotary_embedding_(q_pe, cos, sin, positions, interleaved=True)
-            _ops.rotary_embedding_(k_pe, cos, sin, positions, interleaved=True)
         cache.append(layer_idx, c_kv, k_pe.squeeze(2))
         w_uk, w_uv = self.absorbed_weights()
         # q_latent_h = W_UK_h^T q_nope_h, as H matmuls [B*T, nope] @ [nope, d_c]
