@@ -7,7 +7,8 @@ import torch  # noqa: F401  (the operator library links against torch's librarie
 
 from . import _C  # noqa: F401  (registers the operators)
 from . import distributed, nn
-from .distributed import merge_attention_partials, tensor_parallel
+from .distributed import tensor_parallel
+from .merge import merge_attention_partials
 from .ops import (
     attention,
     attention_backward,

@@ -325,3 +325,13 @@ def test_zero_queries_is_valid(op):
         out, lse = attn_ops.mla_decode(torch.randn(2, 0, 4, 16), torch.randn(2, 0, 4, 4), torch.randn(2, 8, 20),
                                        i32([3, 5]), scale=0.1)
         assert out.shape == (2, 0, 4, 16) and lse.shape == (2, 4, 0)
+
+
+def test_merge_attention_partials_propagates_nan():
+    """The LSE merge, like the kernels, must not turn a NaN partial into 'no visible key'."""
+    q, k, v = torch.randn(1, 3, 2, 8), torch.randn(1, 10, 2, 8), torch.randn(1, 10, 2, 8)
+    k[0, 7, 1, 0] = float("nan")  # seen by head 1 (KV head 1) in the second shard only
+    parts = [attn_ops.attention(q, k[:, s], v[:, s]) for s in (slice(0, 5), slice(5, 10))]
+    out, lse = attn_ops.merge_attention_partials([p[0] for p in parts], [p[1] for p in parts])
+    assert torch.isnan(lse[0, 1]).all() and torch.isnan(out[0, :, 1]).all()
+    assert torch.isfinite(lse[0, 0]).all() and torch.isfinite(out[0, :, 0]).all()
