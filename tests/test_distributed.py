@@ -358,6 +358,9 @@ def _worker(rank, store, results_dir):
     finally:
         with open(f"{results_dir}/rank{rank}.json", "w") as f:
             json.dump(results, f)
+        # Both ranks leave together: a rank that tears gloo down while the other still talks to it
+        # made the other abort ("terminate called without an active exception") on a loaded machine.
+        dist.barrier()
         dist.destroy_process_group()
 
 
