@@ -50,8 +50,8 @@ def _softmax_rows(s, vis):
         return s.clone(), s.new_full(s.shape[:-1], NEG_INF)
     masked = torch.where(vis, s, torch.full_like(s, NEG_INF))
     m = masked.amax(dim=-1, keepdim=True)
-    # 0 for rows without a visible key; NaN, +inf or all -inf visible scores make the row NaN (as SDPA)
-    m = torch.where(vis.any(dim=-1, keepdim=True), m, torch.zeros_like(m))
+    # 0 for rows without a visible key or with only -inf scores (weight 0 each); NaN / +inf stay: NaN row
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     e = torch.where(vis, torch.exp(masked - m), torch.zeros_like(s))
     l = e.sum(dim=-1, keepdim=True)
     has = l != 0

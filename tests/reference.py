@@ -57,10 +57,10 @@ def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, soft
     vis = vis.expand(B, Hq, Tq, Tk)
     if Tk > 0:
         # Row max over visible keys; detached (softmax and lse do not depend on it) and made safe
-        # (0) for rows that see no key, so that nothing below produces inf - inf or NaN gradients.
-        # Otherwise it stays as it is: a NaN, +inf or all -inf visible scores make the row NaN (as SDPA).
+        # (0) for rows that see no key or only -inf scores (weight 0 each, as FlashAttention), so that
+        # nothing below produces inf - inf or NaN gradients. A NaN or +inf max stays: the row is NaN.
         m = torch.where(vis, s, NEG_INF).amax(dim=-1, keepdim=True).detach()
-        m = torch.where(vis.any(dim=-1, keepdim=True), m, torch.zeros_like(m))
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     else:
         m = s.new_zeros(B, Hq, Tq, 1)
     e = torch.where(vis, torch.exp(torch.where(vis, s, m) - m), torch.zeros_like(s))

@@ -239,7 +239,8 @@ def _mutate(rng, case):
             flat[rng.randrange(t.numel())] = rng.choice([float("nan"), float("inf"), -float("inf")])
         else:
             where[key] = t * rng.choice([1e4, 1e-30])
-    elif kind == "index" and not t.is_floating_point() and t.numel() > 0 and t.dtype != torch.bool:
+    elif kind == "index" and not t.is_floating_point() and t.numel() > 0 and t.dtype != torch.bool \
+            and t.is_contiguous():
         t.view(-1)[rng.randrange(t.numel())] = rng.choice([-5, -1, 2 ** 31 - 1, 40, 1000])
     elif kind == "option":
         name, value = rng.choice([("scale", 1e300), ("scale", float("nan")), ("scale", 0.5), ("scale", 1e-40),

@@ -143,6 +143,10 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
             }
             const acc_t old_max = s.row_max[r];
             const acc_t new_max = nan_max(old_max, row_max(visible, count));
+            if (new_max == neg_inf) {  // every visible score so far is -inf: weight 0 each, as a masked key
+              fill_row(srow, n, acc_t(0));
+              continue;
+            }
             const acc_t tile_sum = exp_shift_sum(visible, count, new_max);
             fill_row(srow, lo, acc_t(0));
             fill_row(srow + hi + 1, n - hi - 1, acc_t(0));

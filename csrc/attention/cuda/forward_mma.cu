@@ -326,10 +326,10 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
       float top = m[r];
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n) {
-        top = fmaxf(top, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
+        top = nan_max(top, nan_max(sc[n][2 * r], sc[n][2 * r + 1]));
       }
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+      top = nan_max(top, __shfl_xor_sync(0xffffffffu, top, 1));
+      top = nan_max(top, __shfl_xor_sync(0xffffffffu, top, 2));
       const float ref = top == neg_inf<float>() ? 0.f : top;  // no key seen yet: exp2(-inf - 0) = 0, no NaN
       const float correction = exp2f(m[r] - ref);
       m[r] = top;
@@ -407,8 +407,9 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
       continue;
     }
     const int64_t row = r0 + wm * 16 + g + 8 * r, pos = row / a.group, head = kv_head * a.group + row % a.group;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-    const float lse = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : neg_inf<float>();
+    // l == 0: no visible key (zeros, -inf); a NaN l (NaN in a score) stays NaN in both.
+    const float inv = l[r] != 0.f ? 1.f / l[r] : 0.f;
+    const float lse = l[r] != 0.f ? (m[r] + log2f(l[r])) * kLn2 : neg_inf<float>();
     const int col0 = wd * C::kDvWarp + c;
     if (a.splits == 1) {
       T* out = a.out + a.out_layout.at(b, s.q0, pos, head) + col0;

@@ -54,8 +54,9 @@ __device__ __forceinline__ void store_forward_row(const ForwardArgs<T>& a, const
                                           int64_t split, const acc_t<T> (&o)[N], acc_t<T> m, acc_t<T> l) {
   using A = acc_t<T>;
   const int lane = threadIdx.x % kWarpSize;
-  const A inv = l > A(0) ? A(1) / l : A(0);
-  const A lse = l > A(0) ? m + log(l) : neg_inf<A>();
+  // l == 0: no visible key (zeros, -inf); a NaN l (NaN in a score) stays NaN in both.
+  const A inv = l != A(0) ? A(1) / l : A(0);
+  const A lse = l != A(0) ? m + log(l) : neg_inf<A>();
   if (a.splits == 1) {
     T* out = a.out + a.out_layout.at(b, s.q0, i, h);
 #pragma unroll
@@ -131,9 +132,10 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) forward_rows_kernel(cons
       }
     }
     const A x = a.logit(warp_sum(dot));
-    const A m_new = max(m, x);
-    const A correction = exp(m - m_new);
-    const A p = exp(x - m_new);
+    const A m_new = nan_max(m, x);
+    // -inf scores so far weigh 0, as masked keys (exp(-inf - -inf) would be NaN)
+    const A correction = m_new == neg_inf<A>() ? A(1) : exp(m - m_new);
+    const A p = m_new == neg_inf<A>() ? A(0) : exp(x - m_new);
     l = l * correction + p;
     const T* v = a.v + v_off;
 #pragma unroll
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) merge_splits_kernel(cons
   const int64_t splits = a.splits_used(s.len_k);
   A top = neg_inf<A>();
   for (int64_t sp = 0; sp < splits; ++sp) {
-    top = max(top, a.partial_lse[partial_index(a, sp, b, i, h)]);
+    top = nan_max(top, a.partial_lse[partial_index(a, sp, b, i, h)]);
   }
   A total = A(0);
   if (top != neg_inf<A>()) {
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) merge_splits_kernel(cons
   T* out = a.out + a.out_layout.at(b, s.q0, i, h);
   for (int64_t d = lane; d < a.dim_v; d += kWarpSize) {
     A sum = A(0);
-    if (total > A(0)) {
+    if (total != A(0)) {  // NaN partials give a NaN row
       for (int64_t sp = 0; sp < splits; ++sp) {
         const int64_t idx = partial_index(a, sp, b, i, h);
         const A w = exp(a.partial_lse[idx] - top);  // 0 for an empty split (lse -inf)
@@ -183,7 +185,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) merge_splits_kernel(cons
     out[d] = static_cast<T>(sum);
   }
   if (lane == 0) {
-    a.lse[a.lse_layout.at(b, s.q0, i, h)] = total > A(0) ? top + log(total) : neg_inf<A>();
+    a.lse[a.lse_layout.at(b, s.q0, i, h)] = total != A(0) ? top + log(total) : neg_inf<A>();
   }
 }
 

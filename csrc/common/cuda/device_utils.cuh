@@ -37,6 +37,13 @@ __device__ __forceinline__ A neg_inf() {
   return -std::numeric_limits<A>::infinity();
 }
 
+// max(a, b) that propagates NaN (fmaxf / max return the other operand): a NaN score must reach the row's
+// output and lse, never pass for "no visible key" (as on the CPU).
+template <typename A>
+__device__ __forceinline__ A nan_max(A a, A b) {
+  return (a != a || b != b) ? a + b : (a > b ? a : b);
+}
+
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Calls f(data) with the data of a contiguous int32 or int64 index tensor, as const int32_t* or
