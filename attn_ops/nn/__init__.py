@@ -9,10 +9,13 @@
 * :class:`KVCache` (contiguous) and :class:`PagedKVCache` (paged, with a block allocator): the caches
   a multi-layer model passes to every attention layer during generation; :class:`LatentKVCache` and
   :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token).
+* :class:`LightningAttention`: MiniMax-Text-01's linear-attention layer (transformers'
+  ``MiniMaxLightningAttention`` parameter names); :class:`LinearAttentionState` is its recurrent-state pool.
 """
 from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 from .cache import KVCache, LatentKVCache, OutOfBlocksError, PagedKVCache, PagedLatentKVCache
 from .mla import MultiHeadLatentAttention
+from .lightning import LightningAttention, LinearAttentionState, OutOfSlotsError
 
 __all__ = [
     "GroupedQueryAttention",
@@ -24,4 +27,7 @@ __all__ = [
     "LatentKVCache",
     "PagedLatentKVCache",
     "OutOfBlocksError",
+    "LightningAttention",
+    "LinearAttentionState",
+    "OutOfSlotsError",
 ]
