@@ -93,12 +93,25 @@ void run_pass(const PassSpec<in_t, out_t, acc_t>& ps) {
           }
           return;
         }
-        sc.state.assign(ps.dk * nv, acc_t(0));
-        if (ps.init.base) {
-          const acc_t* src = ps.init.base + slot * ps.init.slot_stride + h * ps.init.head_stride + col0 * ps.init.col_stride;
-          for (int64_t i = 0; i < ps.dk; ++i) {
-            for (int64_t j = 0; j < nv; ++j) {
-              sc.state[i * nv + j] = src[i * ps.init.row_stride + j * ps.init.col_stride];
+        // A state updated in place with unit column stride (the decode's pool) is run where it lies: each
+        // step then streams it through memory once. Otherwise the stream runs on a copy.
+        const bool in_place = ps.init.base && ps.init.base == ps.final_.base && ps.init.col_stride == 1 &&
+                              ps.init.row_stride == ps.final_.row_stride;
+        acc_t* S = nullptr;
+        int64_t lds = nv;
+        if (in_place) {
+          S = ps.init.base + slot * ps.init.slot_stride + h * ps.init.head_stride + col0;
+          lds = ps.init.row_stride;
+        } else {
+          sc.state.assign(ps.dk * nv, acc_t(0));
+          S = sc.state.data();
+          if (ps.init.base) {
+            const acc_t* src =
+                ps.init.base + slot * ps.init.slot_stride + h * ps.init.head_stride + col0 * ps.init.col_stride;
+            for (int64_t i = 0; i < ps.dk; ++i) {
+              for (int64_t j = 0; j < nv; ++j) {
+                S[i * nv + j] = src[i * ps.init.row_stride + j * ps.init.col_stride];
+              }
             }
           }
         }
@@ -109,13 +122,13 @@ void run_pass(const PassSpec<in_t, out_t, acc_t>& ps) {
             sp, {ps.qq.row0(b, s0, head_of(ps.qq)), ps.qq.token_stride},
             {ps.kk.row0(b, s0, head_of(ps.kk)), ps.kk.token_stride}, ps.dk,
             {ps.vv.row0(b, s0, head_of(ps.vv)) + col0, ps.vv.token_stride}, nv, out, ps.out.token_stride,
-            sc.state.data(), sc.stream);
-        if (ps.final_.base) {
+            S, lds, sc.stream);
+        if (ps.final_.base && !in_place) {
           acc_t* dst = ps.final_.base + slot * ps.final_.slot_stride + h * ps.final_.head_stride +
                        col0 * ps.final_.col_stride;
           for (int64_t i = 0; i < ps.dk; ++i) {
             for (int64_t j = 0; j < nv; ++j) {
-              dst[i * ps.final_.row_stride + j * ps.final_.col_stride] = sc.state[i * nv + j];
+              dst[i * ps.final_.row_stride + j * ps.final_.col_stride] = S[i * nv + j];
             }
           }
         }

@@ -69,10 +69,10 @@ void scatter(const acc_t* src, int64_t first, int64_t n, int64_t w, int64_t leng
 }  // namespace detail
 
 // Runs one stream. qq, kk: rows of width dk; vv: rows of width nv; out: rows of width nv. S: the state
-// [dk, nv] (contiguous), holding the initial state on entry and the final state on return.
+// [dk, nv] with row stride lds, holding the initial state on entry and the final state on return.
 template <typename in_t, typename out_t, typename acc_t>
 void run_stream(const StreamParams<acc_t>& sp, Rows<in_t> qq, Rows<in_t> kk, int64_t dk, Rows<in_t> vv, int64_t nv,
-                out_t* out, int64_t out_stride, acc_t* S, StreamScratch<acc_t>& sc) {
+                out_t* out, int64_t out_stride, acc_t* S, int64_t lds, StreamScratch<acc_t>& sc) {
   const int64_t T = sp.length;
   if (T == 0 || nv == 0) {
     return;
@@ -94,7 +94,7 @@ void run_stream(const StreamParams<acc_t>& sp, Rows<in_t> qq, Rows<in_t> kk, int
       std::fill(o, o + nv, acc_t(0));
       for (int64_t i = 0; i < dk; ++i) {
         const acc_t ki = sc.k[i] * sp.kv_scale, qi = sc.q[i] * sp.out_scale;
-        acc_t* row = S + i * nv;
+        acc_t* row = S + i * lds;
         for (int64_t j = 0; j < nv; ++j) {
           row[j] = decay * row[j] + ki * v[j];
           o[j] += qi * row[j];
@@ -147,7 +147,7 @@ void run_stream(const StreamParams<acc_t>& sp, Rows<in_t> qq, Rows<in_t> kk, int
         q[i * dk + j] *= d;
       }
     }
-    gemm<acc_t>(false, false, n, nv, dk, acc_t(1), q, dk, S, nv, acc_t(1), o, nv);
+    gemm<acc_t>(false, false, n, nv, dk, acc_t(1), q, dk, S, lds, acc_t(1), o, nv);
     // State: S = a^n S + (k * kdec)^T v (a partial block uses the last n key decays).
     for (int64_t i = 0; i < n; ++i) {
       const acc_t d = sc.kdec[i + c - n];
@@ -157,7 +157,7 @@ void run_stream(const StreamParams<acc_t>& sp, Rows<in_t> qq, Rows<in_t> kk, int
     }
     const int64_t steps = young ? n - 1 : n;
     const acc_t block_decay = steps == 0 ? acc_t(1) : sc.qdec[steps - 1];
-    gemm<acc_t>(true, false, dk, nv, n, acc_t(1), k, dk, v, nv, block_decay, S, nv);
+    gemm<acc_t>(true, false, dk, nv, n, acc_t(1), k, dk, v, nv, block_decay, S, lds);
     detail::scatter(o, start, n, nv, T, sp.reverse, out, out_stride);
   }
 }
