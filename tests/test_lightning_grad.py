@@ -47,14 +47,17 @@ def test_gradient_of_final_state_only():
         (q, k, v, init))
 
 
-def test_float32_gradients_match_reference():
+def test_float32_gradients_match_reference(device):
     B, T, H, Hk, Dk, Dv = 2, 70, 4, 2, 16, 24
     q, k, v = make((B, T, H, Dk), torch.float32), make((B, T, Hk, Dk), torch.float32), make((B, T, Hk, Dv), torch.float32)
     init = make((B, H, Dk, Dv), torch.float32)
     s = minimax_slopes(H)
-    out, final = attn_ops.lightning_attention(q, k, v, s, scale=0.25, initial_state=init, block_size=16)
-    dout, dfinal = torch.randn_like(out), torch.randn_like(final)
-    grads = torch.autograd.grad((out * dout).sum() + (final * dfinal).sum(), (q, k, v, init))
+    on_device = [t.detach().to(device).requires_grad_() for t in (q, k, v, init)]
+    out, final = attn_ops.lightning_attention(*on_device[:3], s.to(device), scale=0.25, initial_state=on_device[3],
+                                              block_size=16)
+    dout, dfinal = torch.randn(out.shape), torch.randn(final.shape)
+    grads = [g.cpu() for g in torch.autograd.grad((out * dout.to(device)).sum() + (final * dfinal.to(device)).sum(),
+                                                  on_device)]
     ref_out, ref_final = recurrence(q, k, v, s, scale=0.25, initial_state=init)
     ref = torch.autograd.grad((ref_out.double() * dout.double()).sum() + (ref_final * dfinal.double()).sum(),
                               (q, k, v, init))

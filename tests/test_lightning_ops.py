@@ -37,12 +37,14 @@ def test_forward_float64_matches_recurrence(T, slope_kind, with_init):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("Hk", [1, 2, 4])
-def test_forward_low_precision_tolerance_rule(dtype, Hk):
+def test_forward_low_precision_tolerance_rule(dtype, Hk, device):
     B, T, H, Dk, Dv = 2, 3 * BLOCK + 5, 4, 16, 24
     q, k, v = make((B, T, H, Dk), dtype), make((B, T, Hk, Dk), dtype), make((B, T, Hk, Dv), dtype)
     s = minimax_slopes(H)
     init = make((B, H, Dk, Dv), torch.float32)
-    out, final = attn_ops.lightning_attention(q, k, v, s, scale=Dk ** -0.5, initial_state=init, block_size=BLOCK)
+    out, final = attn_ops.lightning_attention(q.to(device), k.to(device), v.to(device), s.to(device),
+                                              scale=Dk ** -0.5, initial_state=init.to(device), block_size=BLOCK)
+    out, final = out.cpu(), final.cpu()
     assert out.dtype == dtype and final.dtype == torch.float32
     ref_out, ref_final = recurrence(q, k, v, s, scale=Dk ** -0.5, initial_state=init)
     same_out, same_final = recurrence(q, k, v, s, scale=Dk ** -0.5, initial_state=init, compute_dtype=dtype)
@@ -74,7 +76,7 @@ def test_block_size_does_not_change_the_result(block):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_varlen_with_empty_sequence(dtype):
+def test_varlen_with_empty_sequence(dtype, device):
     lens = [5, 0, 2 * BLOCK + 3, 1]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     N, H, Hk, Dk, Dv = sum(lens), 4, 1, 8, 12
@@ -82,8 +84,10 @@ def test_varlen_with_empty_sequence(dtype):
     s = minimax_slopes(H)
     sdt = torch.float64 if dtype == torch.float64 else torch.float32
     init = make((len(lens), H, Dk, Dv), sdt)
-    out, final = attn_ops.lightning_attention(q, k, v, s, initial_state=init, cu_seqlens=cu,
+    out, final = attn_ops.lightning_attention(q.to(device), k.to(device), v.to(device), s.to(device),
+                                              initial_state=init.to(device), cu_seqlens=cu.to(device),
                                               max_seqlen=max(lens), block_size=BLOCK)
+    out, final = out.cpu(), final.cpu()
     ref_out, ref_final = recurrence(q, k, v, s, initial_state=init, cu_seqlens=cu)
     tol = 1e-10 if dtype == torch.float64 else 1e-4
     torch.testing.assert_close(out, ref_out.to(dtype), rtol=tol, atol=tol)
@@ -102,15 +106,17 @@ def test_nan_propagates_only_forward_in_time():
 
 @pytest.mark.parametrize("Tq", [1, 3, 20])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_decode_updates_the_pool_in_place(Tq, dtype):
+def test_decode_updates_the_pool_in_place(Tq, dtype, device):
     B, N, H, Hk, Dk, Dv = 3, 5, 4, 2, 8, 16
     sdt = torch.float64 if dtype == torch.float64 else torch.float32
     q, k, v = make((B, Tq, H, Dk), dtype), make((B, Tq, Hk, Dk), dtype), make((B, Tq, Hk, Dv), dtype)
     s = minimax_slopes(H)
-    pool = make((N, H, Dk, Dv), sdt)
-    before = pool.clone()
+    before = make((N, H, Dk, Dv), sdt)
+    pool = before.clone().to(device)
     idx = torch.tensor([3, -1, 0], dtype=torch.int32)
-    out = attn_ops.lightning_attention_decode_(q, k, v, pool, s, scale=0.7, state_indices=idx)
+    out = attn_ops.lightning_attention_decode_(q.to(device), k.to(device), v.to(device), pool, s.to(device),
+                                               scale=0.7, state_indices=idx.to(device)).cpu()
+    pool = pool.cpu()
     ref_out, ref_final = recurrence(q, k, v, s, scale=0.7, initial_state=before[idx.long().clamp(min=0)])
     if dtype == torch.float64:
         tol = dict(rtol=1e-10, atol=1e-10)
