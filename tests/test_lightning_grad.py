@@ -63,3 +63,19 @@ def test_float32_gradients_match_reference(device):
                               (q, k, v, init))
     for ours, theirs in zip(grads, ref):
         torch.testing.assert_close(ours.double(), theirs.double(), rtol=1e-4, atol=1e-4)
+
+
+def test_few_streams_split_the_value_columns():
+    # One sequence and one head: the CPU kernels split the state's value columns over the threads.
+    torch.set_num_threads(max(torch.get_num_threads(), 2))
+    q, k, v, init = make((1, 45, 1, 64)), make((1, 45, 1, 64)), make((1, 45, 1, 64)), make((1, 1, 64, 64))
+    s = minimax_slopes(1)
+    out, final = attn_ops.lightning_attention(q, k, v, s, initial_state=init, block_size=16)
+    ref_out, ref_final = recurrence(q, k, v, s, initial_state=init)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(final, ref_final, rtol=1e-10, atol=1e-10)
+    dout, dfinal = torch.randn_like(out), torch.randn_like(final)
+    ours = torch.autograd.grad((out * dout).sum() + (final * dfinal).sum(), (q, k, v, init))
+    ref = torch.autograd.grad((ref_out * dout).sum() + (ref_final * dfinal).sum(), (q, k, v, init))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -169,7 +169,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_b
     sizes.insert(sizes.end(), {heads_kv, heads / heads_kv, width});
     return per_head.view(sizes).sum(-2).to(q.scalar_type());
   };
-  at::Tensor dinit = g1 * at::exp(-slope_c).to(p.state_dtype).view({1, heads, 1, 1});
+  at::Tensor dinit = g1 * at::exp(-slope_c.to(p.state_dtype)).view({1, heads, 1, 1});
   return {dq, group_sum(dk_h, dk_dim), group_sum(dv_h, dv_dim), dinit};
 }
 
