@@ -79,60 +79,72 @@ void run_pass(const PassSpec<in_t, out_t, acc_t>& ps) {
     StreamScratch<acc_t> stream;
     std::vector<acc_t> state;
   };
-  parallel_items(
-      batch * ps.heads * chunks, [] { return Scratch{}; },
-      [&](int64_t item, Scratch& sc) {
-        const int64_t b = item / (ps.heads * chunks), h = (item / chunks) % ps.heads, col0 = (item % chunks) * chunk;
-        const int64_t nv = std::min(chunk, ps.dv - col0), g = h / ps.group, T = ps.length[b], s0 = ps.start[b];
-        auto head_of = [&](const auto& view) { return view.per_kv_head ? g : h; };
-        out_t* out = ps.out.row0(b, s0, head_of(ps.out)) + col0;
-        const int64_t slot = ps.slots ? ps.slots[b] : b;
-        if (slot < 0) {  // a skipped row outputs zeros and touches no state
-          for (int64_t t = 0; t < T; ++t) {
-            std::fill(out + t * ps.out.token_stride, out + t * ps.out.token_stride + nv, out_t(0));
-          }
-          return;
-        }
-        // A state updated in place with unit column stride (the decode's pool) is run where it lies: each
-        // step then streams it through memory once. Otherwise the stream runs on a copy.
-        const bool in_place = ps.init.base && ps.init.base == ps.final_.base && ps.init.col_stride == 1 &&
-                              ps.init.row_stride == ps.final_.row_stride;
-        acc_t* S = nullptr;
-        int64_t lds = nv;
-        if (in_place) {
-          S = ps.init.base + slot * ps.init.slot_stride + h * ps.init.head_stride + col0;
-          lds = ps.init.row_stride;
-        } else {
-          sc.state.assign(ps.dk * nv, acc_t(0));
-          S = sc.state.data();
-          if (ps.init.base) {
-            const acc_t* src =
-                ps.init.base + slot * ps.init.slot_stride + h * ps.init.head_stride + col0 * ps.init.col_stride;
-            for (int64_t i = 0; i < ps.dk; ++i) {
-              for (int64_t j = 0; j < nv; ++j) {
-                S[i * nv + j] = src[i * ps.init.row_stride + j * ps.init.col_stride];
-              }
-            }
+  auto body = [&](int64_t item, Scratch& sc) {
+    const int64_t b = item / (ps.heads * chunks), h = (item / chunks) % ps.heads, col0 = (item % chunks) * chunk;
+    const int64_t nv = std::min(chunk, ps.dv - col0), g = h / ps.group, T = ps.length[b], s0 = ps.start[b];
+    auto head_of = [&](const auto& view) { return view.per_kv_head ? g : h; };
+    out_t* out = ps.out.row0(b, s0, head_of(ps.out)) + col0;
+    const int64_t slot = ps.slots ? ps.slots[b] : b;
+    if (slot < 0) {  // a skipped row outputs zeros and touches no state
+      for (int64_t t = 0; t < T; ++t) {
+        std::fill(out + t * ps.out.token_stride, out + t * ps.out.token_stride + nv, out_t(0));
+      }
+      return;
+    }
+    // A state updated in place with unit column stride (the decode's pool) is run where it lies: each
+    // step then streams it through memory once. Otherwise the stream runs on a copy.
+    const bool in_place = ps.init.base && ps.init.base == ps.final_.base && ps.init.col_stride == 1 &&
+                          ps.init.row_stride == ps.final_.row_stride;
+    acc_t* S = nullptr;
+    int64_t lds = nv;
+    if (in_place) {
+      S = ps.init.base + slot * ps.init.slot_stride + h * ps.init.head_stride + col0;
+      lds = ps.init.row_stride;
+    } else {
+      sc.state.assign(ps.dk * nv, acc_t(0));
+      S = sc.state.data();
+      if (ps.init.base) {
+        const acc_t* src =
+            ps.init.base + slot * ps.init.slot_stride + h * ps.init.head_stride + col0 * ps.init.col_stride;
+        for (int64_t i = 0; i < ps.dk; ++i) {
+          for (int64_t j = 0; j < nv; ++j) {
+            S[i * nv + j] = src[i * ps.init.row_stride + j * ps.init.col_stride];
           }
         }
-        StreamParams<acc_t> sp = ps.params;
-        sp.length = T;
-        sp.slope = static_cast<acc_t>(ps.slope[h]);
-        run_stream<in_t, out_t, acc_t>(
-            sp, {ps.qq.row0(b, s0, head_of(ps.qq)), ps.qq.token_stride},
-            {ps.kk.row0(b, s0, head_of(ps.kk)), ps.kk.token_stride}, ps.dk,
-            {ps.vv.row0(b, s0, head_of(ps.vv)) + col0, ps.vv.token_stride}, nv, out, ps.out.token_stride,
-            S, lds, sc.stream);
-        if (ps.final_.base && !in_place) {
-          acc_t* dst = ps.final_.base + slot * ps.final_.slot_stride + h * ps.final_.head_stride +
-                       col0 * ps.final_.col_stride;
-          for (int64_t i = 0; i < ps.dk; ++i) {
-            for (int64_t j = 0; j < nv; ++j) {
-              dst[i * ps.final_.row_stride + j * ps.final_.col_stride] = S[i * nv + j];
-            }
-          }
+      }
+    }
+    StreamParams<acc_t> sp = ps.params;
+    sp.length = T;
+    sp.slope = static_cast<acc_t>(ps.slope[h]);
+    run_stream<in_t, out_t, acc_t>(
+        sp, {ps.qq.row0(b, s0, head_of(ps.qq)), ps.qq.token_stride},
+        {ps.kk.row0(b, s0, head_of(ps.kk)), ps.kk.token_stride}, ps.dk,
+        {ps.vv.row0(b, s0, head_of(ps.vv)) + col0, ps.vv.token_stride}, nv, out, ps.out.token_stride,
+        S, lds, sc.stream);
+    if (ps.final_.base && !in_place) {
+      acc_t* dst = ps.final_.base + slot * ps.final_.slot_stride + h * ps.final_.head_stride +
+                   col0 * ps.final_.col_stride;
+      for (int64_t i = 0; i < ps.dk; ++i) {
+        for (int64_t j = 0; j < nv; ++j) {
+          dst[i * ps.final_.row_stride + j * ps.final_.col_stride] = S[i * nv + j];
         }
-      });
+      }
+    }
+  };
+  const int64_t items = batch * ps.heads * chunks;
+  int64_t tokens = 0;
+  for (const int64_t t : ps.length) {
+    tokens += t;
+  }
+  // Below about a million multiply-adds a thread team costs more than it saves (decode of a few rows).
+  if (tokens * ps.heads * ps.dk * ps.dv < (int64_t{1} << 20)) {
+    Scratch sc;
+    for (int64_t item = 0; item < items; ++item) {
+      body(item, sc);
+    }
+    return;
+  }
+  parallel_items(items, [] { return Scratch{}; }, body);
 }
 
 }  // namespace attn_ops::cpu
