@@ -6,14 +6,17 @@ Importing the package loads the compiled operator library, which registers ``tor
 import torch  # noqa: F401  (the operator library links against torch's libraries)
 
 from . import _C  # noqa: F401  (registers the operators)
-from . import distributed, nn
+from . import distributed, nn, training
 from .distributed import tensor_parallel
 from .merge import merge_attention_partials
 from .ops import (
+    additive_attention,
     attention,
     attention_backward,
     attention_with_kvcache,
     kv_cache_append,
+    lightning_attention,
+    lightning_attention_decode_,
     mla_cache_append,
     mla_decode,
     paged_kv_cache_append,
@@ -25,12 +28,16 @@ from .ops import (
 __all__ = [
     "nn",
     "distributed",
+    "training",
+    "additive_attention",
     "merge_attention_partials",
     "tensor_parallel",
     "attention",
     "attention_backward",
     "attention_with_kvcache",
     "kv_cache_append",
+    "lightning_attention",
+    "lightning_attention_decode_",
     "mla_cache_append",
     "mla_decode",
     "paged_kv_cache_append",
@@ -38,9 +45,4 @@ __all__ = [
     "rotary_embedding",
     "rotary_embedding_",
 ]
-
-from . import training  # noqa: E402
-from .ops import additive_attention  # noqa: E402
-
-__all__ += ["training", "additive_attention"]
 __version__ = "0.1.0"

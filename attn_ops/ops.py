@@ -295,3 +295,59 @@ def additive_attention(
     """
     return torch.ops.attn_ops.additive_attention(qp, kp, w, v, key_padding_mask=key_padding_mask,
                                                  return_weights=return_weights)
+
+
+def lightning_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    slope: Tensor,
+    *,
+    scale: float = 1.0,
+    initial_state: Optional[Tensor] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    max_seqlen: Optional[int] = None,
+    block_size: Optional[int] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Lightning attention: causal linear attention with a per-head exponential decay (MiniMax-Text-01).
+
+    Per query head ``h`` with ``a = exp(-slope[h])``: ``S_t = a * S_{t-1} + k_t^T v_t`` (state ``[Dk, Dv]``)
+    and ``out_t = scale * q_t S_t``, from ``S_0 = initial_state`` (zeros when absent). No softmax.
+
+    * ``q`` ``[B, T, H, Dk]``, ``k`` ``[B, T, Hk, Dk]``, ``v`` ``[B, T, Hk, Dv]`` with ``H % Hk == 0`` (query
+      head ``h`` reads K/V head ``h // (H // Hk)``; the state stays per query head). Packed varlen:
+      ``[total, heads, D]`` tensors with ``cu_seqlens`` (int32 ``[B + 1]``), one state per sequence.
+    * ``slope``: float32 ``[H]``, finite and ``>= 0`` (0 is plain causal linear attention). It gets no gradient.
+    * ``initial_state``: ``[B, H, Dk, Dv]`` float32 (float64 for float64 inputs); differentiable.
+    * ``block_size``: block length of the chunked algorithm (default 64); the result does not depend on it
+      beyond rounding.
+
+    Returns ``(out [B, T, H, Dv] in q's dtype, final_state [B, H, Dk, Dv] float32)``; both differentiable
+    with respect to q, k, v and initial_state. Memory is linear in T. See docs/lightning_api.md.
+    """
+    return torch.ops.attn_ops.lightning_attention(
+        q, k, v, slope, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen, block_size=block_size)
+
+
+def lightning_attention_decode_(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    state: Tensor,
+    slope: Tensor,
+    *,
+    scale: float = 1.0,
+    state_indices: Optional[Tensor] = None,
+) -> Tensor:
+    """Advance a lightning-attention state pool in place over ``Tq >= 1`` new tokens and return their output.
+
+    ``q`` ``[B, Tq, H, Dk]``, ``k``/``v`` ``[B, Tq, Hk, Dk/Dv]``, ``state`` ``[N, H, Dk, Dv]`` (float32, float64
+    for float64 inputs), ``slope`` float32 ``[H]``. Row ``b`` reads and updates slot ``state_indices[b]`` (int32
+    ``[B]``; ``-1`` skips the row, whose output is zeros; a slot may appear once); without ``state_indices``,
+    ``N == B`` and row ``b`` uses slot ``b``. Decode (``Tq = 1``), chunked prefill into an existing state and
+    speculative verification are the same call. Every check runs before the state is written. Not
+    differentiable; ``state`` must not require grad.
+    """
+    return torch.ops.attn_ops.lightning_attention_decode_(q, k, v, state, slope, scale=scale,
+                                                          state_indices=state_indices)

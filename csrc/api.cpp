@@ -99,4 +99,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> additive_attention_ba
   return op.call(dout, dlse, qp, kp, w, v, out, lse, key_padding_mask);
 }
 
+std::tuple<at::Tensor, at::Tensor> lightning_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& slope, double scale,
+                                                       const std::optional<at::Tensor>& initial_state,
+                                                       const std::optional<at::Tensor>& cu_seqlens,
+                                                       std::optional<int64_t> max_seqlen,
+                                                       std::optional<int64_t> block_size) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::lightning_attention", "")
+                             .typed<decltype(lightning_attention)>();
+  return op.call(q, k, v, slope, scale, initial_state, cu_seqlens, max_seqlen, block_size);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_backward(
+    const at::Tensor& dout, const std::optional<at::Tensor>& dfinal_state, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const at::Tensor& slope, double scale, const std::optional<at::Tensor>& initial_state,
+    const std::optional<at::Tensor>& cu_seqlens, std::optional<int64_t> max_seqlen,
+    std::optional<int64_t> block_size) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::lightning_attention_backward", "")
+                             .typed<decltype(lightning_attention_backward)>();
+  return op.call(dout, dfinal_state, q, k, v, slope, scale, initial_state, cu_seqlens, max_seqlen, block_size);
+}
+
+at::Tensor lightning_attention_decode_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& state, const at::Tensor& slope, double scale,
+                                       const std::optional<at::Tensor>& state_indices) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::lightning_attention_decode_", "")
+                             .typed<decltype(lightning_attention_decode_)>();
+  return op.call(q, k, v, state, slope, scale, state_indices);
+}
+
 }  // namespace attn_ops

@@ -106,4 +106,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> additive_attention_ba
     const at::Tensor& w, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& key_padding_mask = std::nullopt);
 
+// Lightning attention (linear attention with a per-head decay, docs/lightning_api.md): q [batch, seqlen, heads,
+// head_dim], k [.., heads_kv, head_dim], v [.., heads_kv, head_dim_v] (or packed [total, ...] with cu_seqlens),
+// slope float32 [heads] -> out [batch, seqlen, heads, head_dim_v], final_state [batch, heads, head_dim,
+// head_dim_v] (float32; float64 for float64 inputs). Differentiable in q, k, v and initial_state.
+std::tuple<at::Tensor, at::Tensor> lightning_attention(
+    const at::Tensor& q,
+    const at::Tensor& k,
+    const at::Tensor& v,
+    const at::Tensor& slope,
+    double scale = 1.0,
+    const std::optional<at::Tensor>& initial_state = std::nullopt,
+    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
+    std::optional<int64_t> max_seqlen = std::nullopt,
+    std::optional<int64_t> block_size = std::nullopt);
+
+// Its backward: -> dq, dk, dv, dinitial_state.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_backward(
+    const at::Tensor& dout,
+    const std::optional<at::Tensor>& dfinal_state,
+    const at::Tensor& q,
+    const at::Tensor& k,
+    const at::Tensor& v,
+    const at::Tensor& slope,
+    double scale = 1.0,
+    const std::optional<at::Tensor>& initial_state = std::nullopt,
+    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
+    std::optional<int64_t> max_seqlen = std::nullopt,
+    std::optional<int64_t> block_size = std::nullopt);
+
+// Advances the state pool [num_slots, heads, head_dim, head_dim_v] in place over the seqlen_q new tokens of
+// each row (slot state_indices[b], -1 skips) -> out [batch, seqlen_q, heads, head_dim_v].
+at::Tensor lightning_attention_decode_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& state, const at::Tensor& slope, double scale = 1.0,
+                                       const std::optional<at::Tensor>& state_indices = std::nullopt);
+
 }  // namespace attn_ops

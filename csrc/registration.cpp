@@ -57,4 +57,19 @@ TORCH_LIBRARY(attn_ops, m) {
   m.def(
       "additive_attention_backward(Tensor dout, Tensor? dlse, Tensor qp, Tensor kp, Tensor w, Tensor v, "
       "Tensor out, Tensor lse, *, Tensor? key_padding_mask=None) -> (Tensor dqp, Tensor dkp, Tensor dw, Tensor dv)");
+
+  // Lightning attention (linear attention with a per-head decay, MiniMax-Text-01's form): chunked prefill
+  // with a float32 running state, its backward, and the in-place state update of decoding.
+  // Semantics: docs/lightning_api.md.
+  m.def(
+      "lightning_attention(Tensor q, Tensor k, Tensor v, Tensor slope, *, float scale=1.0, "
+      "Tensor? initial_state=None, Tensor? cu_seqlens=None, int? max_seqlen=None, int? block_size=None) "
+      "-> (Tensor out, Tensor final_state)");
+  m.def(
+      "lightning_attention_backward(Tensor dout, Tensor? dfinal_state, Tensor q, Tensor k, Tensor v, Tensor slope, "
+      "*, float scale=1.0, Tensor? initial_state=None, Tensor? cu_seqlens=None, int? max_seqlen=None, "
+      "int? block_size=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dinitial_state)");
+  m.def(
+      "lightning_attention_decode_(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor slope, *, "
+      "float scale=1.0, Tensor? state_indices=None) -> Tensor");
 }

@@ -454,6 +454,10 @@ def main() -> int:
           f"rope {m.qk_rope_head_dim}) x {el} B) vs full K/V {full_bpt} B ({args.layers} x {m.num_heads} heads "
           f"x ({m.qk_head_dim} + {m.v_head_dim}) x {el} B): {full_bpt / latent_bpt:.1f}x smaller\n")
 
+    import lightning_demo  # the MiniMax-style section: linear attention decoding from a fixed-size state
+
+    ok &= lightning_demo.run(dev, dtype)
+
     print("the ops alone vs F.scaled_dot_product_attention (enable_gqa=True), GQA model head shapes:")
     ok &= ops_vs_sdpa(args, dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim)
 

@@ -11,10 +11,15 @@
   :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token).
 * :class:`LinformerSelfAttention`: Linformer (keys/values projected along the sequence, linear in T).
 * :class:`AdditiveAttention`: Bahdanau attention on the fused additive_attention op.
+* :class:`LightningAttention`: MiniMax-Text-01's linear-attention layer (transformers'
+  ``MiniMaxLightningAttention`` parameter names); :class:`LinearAttentionState` is its recurrent-state pool.
 """
 from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 from .cache import KVCache, LatentKVCache, OutOfBlocksError, PagedKVCache, PagedLatentKVCache
 from .mla import MultiHeadLatentAttention
+from .lightning import LightningAttention, LinearAttentionState, OutOfSlotsError
+from .additive import AdditiveAttention
+from .linformer import LinformerSelfAttention
 
 __all__ = [
     "GroupedQueryAttention",
@@ -26,9 +31,9 @@ __all__ = [
     "LatentKVCache",
     "PagedLatentKVCache",
     "OutOfBlocksError",
+    "LightningAttention",
+    "LinearAttentionState",
+    "OutOfSlotsError",
+    "LinformerSelfAttention",
+    "AdditiveAttention",
 ]
-
-from .additive import AdditiveAttention  # noqa: E402
-from .linformer import LinformerSelfAttention  # noqa: E402
-
-__all__ += ["LinformerSelfAttention", "AdditiveAttention"]

@@ -1,0 +1,187 @@
+"""Lightning attention module (MiniMax-Text-01's linear-attention layer) and its recurrent-state pool.
+
+* :class:`LightningAttention`: ``qkv_proj`` -> activation -> per-head lightning attention with a fixed
+  per-head decay (``slope_rate``) -> RMS ``norm`` -> ``sigmoid(output_gate(x))`` gate -> ``out_proj``, with
+  transformers' ``MiniMaxLightningAttention`` parameter names, so its state dict loads unchanged. Without a
+  state it runs :func:`attn_ops.lightning_attention` (differentiable, training and prefill); with a state
+  pool it advances the pool in place with :func:`attn_ops.lightning_attention_decode_` (decode, chunked
+  prefill, speculative verification).
+* :class:`LinearAttentionState`: the cache of this family, ``[num_layers, num_slots, H, Dk, Dv]`` float32
+  states with host-side slot allocation, reset and reorder (beam search).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import ops as _ops
+
+__all__ = ["LightningAttention", "LinearAttentionState", "OutOfSlotsError", "minimax_slope_rate"]
+
+# Buffers of transformers' module that this one derives on the fly (dropped when a state dict is loaded).
+_DERIVED_BUFFERS = ("query_decay", "key_decay", "diagonal_decay")
+
+
+class OutOfSlotsError(RuntimeError):
+    """:meth:`LinearAttentionState.allocate` found fewer free slots than requested."""
+
+
+def minimax_slope_rate(num_heads: int, layer_idx: int, num_layers: int) -> Tensor:
+    """MiniMax-Text-01's decay rates ``[num_heads]`` (float32): ``2^(-8 (h+1) / H)``, scaled by
+    ``1 - layer_idx / (num_layers - 1) + 1e-5`` so deeper layers forget more slowly."""
+    base = 1 / (2 ** (8 / num_heads))
+    factor = 1 - layer_idx / (num_layers - 1 + 1e-5) + 1e-5
+    return (base ** (torch.arange(num_heads) + 1)) * factor
+
+
+class _RMSNorm(nn.Module):
+    """RMS norm over the last dim, computed in float32 (MiniMax's ``MiniMaxRMSNorm``)."""
+
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * y.to(x.dtype)
+
+
+class LightningAttention(nn.Module):
+    """MiniMax-style lightning attention layer over ``x [B, T, hidden_size]``.
+
+    Args:
+        hidden_size, num_heads, head_dim: model width, heads, per-head width (default ``hidden_size // num_heads``).
+        layer_idx, num_layers: select the layer's decay rates (:func:`minimax_slope_rate`).
+        hidden_act: activation applied to ``qkv_proj``'s output (MiniMax: ``"silu"``).
+        block_size: block length of the chunked kernel (``None``: the op's default); not a semantic choice.
+        eps: epsilon of the output RMS norm.
+
+    ``slope_rate`` is a buffer ``[H, 1, 1]`` (as transformers keeps it) and gets no gradient.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: Optional[int] = None, *, layer_idx: int = 0,
+                 num_layers: int = 1, hidden_act: str = "silu", block_size: Optional[int] = None, eps: float = 1e-6,
+                 device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.head_dim = head_dim or hidden_size // num_heads
+        self.num_attention_heads = num_heads
+        self.layer_idx = layer_idx
+        self.block_size = block_size
+        inner = num_heads * self.head_dim
+        self.act_fn = _activation(hidden_act)
+        self.norm = _RMSNorm(inner, eps)
+        self.qkv_proj = nn.Linear(hidden_size, 3 * inner, bias=False, **kw)
+        self.out_proj = nn.Linear(inner, hidden_size, bias=False, **kw)
+        self.output_gate = nn.Linear(hidden_size, inner, bias=False, **kw)
+        slope = minimax_slope_rate(num_heads, layer_idx, num_layers)[:, None, None]
+        self.register_buffer("slope_rate", slope if device is None else slope.to(device))
+
+    @property
+    def slope(self) -> Tensor:
+        """The decay rates as the ops take them: float32 ``[H]``."""
+        return self.slope_rate.reshape(-1).float()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in _DERIVED_BUFFERS:
+            state_dict.pop(prefix + name, None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def qkv(self, x: Tensor, padding_mask: Optional[Tensor] = None):
+        """``q, k, v`` ``[B, T, H, D]`` (strided views of one projection). ``padding_mask`` (``[B, T]``, 1 = real
+        token) zeroes the padding tokens' q/k/v, so they add nothing to the state."""
+        B, T, _ = x.shape
+        qkv = self.act_fn(self.qkv_proj(x))
+        if padding_mask is not None:
+            qkv = (qkv * padding_mask[:, :, None]).to(qkv.dtype)
+        qkv = qkv.view(B, T, self.num_attention_heads, 3 * self.head_dim)
+        return qkv.split(self.head_dim, dim=-1)
+
+    def output(self, x: Tensor, attn: Tensor) -> Tensor:
+        """Norm, gate and output projection of the attention result ``attn [B, T, H, D]``."""
+        attn = self.norm(attn.reshape(*attn.shape[:2], -1))
+        return self.out_proj(torch.sigmoid(self.output_gate(x)) * attn)
+
+    def forward(self, x: Tensor, *, state: Union[None, Tensor, "LinearAttentionState"] = None,
+                state_indices: Optional[Tensor] = None, padding_mask: Optional[Tensor] = None) -> Tensor:
+        """Without ``state``: causal lightning attention over ``x`` from a zero state (differentiable). With
+        ``state`` (a :class:`LinearAttentionState`, or one layer's pool ``[N, H, D, D]``): continue each row
+        from slot ``state_indices[b]`` (default: slot ``b``) and update the slot in place."""
+        q, k, v = self.qkv(x, padding_mask)
+        if state is None:
+            attn, _ = _ops.lightning_attention(q, k, v, self.slope, block_size=self.block_size)
+        else:
+            pool = state.layer(self.layer_idx) if isinstance(state, LinearAttentionState) else state
+            attn = _ops.lightning_attention_decode_(q, k, v, pool, self.slope, state_indices=state_indices)
+        return self.output(x, attn)
+
+
+def _activation(name: str):
+    table = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+    if name not in table:
+        raise ValueError(f"hidden_act must be one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+class LinearAttentionState:
+    """Recurrent states of the linear-attention layers of a model: ``states [num_layers, num_slots, H, Dk, Dv]``.
+
+    A sequence owns one slot (the same in every layer). :meth:`allocate` hands out zeroed slots, :meth:`free`
+    returns them, :meth:`reset` zeroes them, :meth:`reorder` copies states between slots (beam search: every
+    beam takes its parent's state). These are host-side calls between steps; the steps themselves only pass
+    ``layer(i)`` and an int32 ``state_indices`` to the ops, which trace under ``torch.compile(fullgraph=True)``.
+    """
+
+    def __init__(self, num_layers: int, num_slots: int, num_heads: int, head_dim: int,
+                 head_dim_v: Optional[int] = None, *, dtype: torch.dtype = torch.float32, device=None):
+        self.states = torch.zeros(num_layers, num_slots, num_heads, head_dim, head_dim_v or head_dim, dtype=dtype,
+                                  device=device)
+        self._free = list(range(num_slots))
+
+    @property
+    def num_slots(self) -> int:
+        return self.states.shape[1]
+
+    def layer(self, layer_idx: int) -> Tensor:
+        """Layer ``layer_idx``'s pool ``[num_slots, H, Dk, Dv]`` (a view, updated in place by the ops)."""
+        return self.states[layer_idx]
+
+    def allocate(self, n: int) -> Tensor:
+        """``n`` free slots, zeroed, as int32 ``[n]`` (on the states' device)."""
+        if n > len(self._free):
+            raise OutOfSlotsError(f"LinearAttentionState.allocate: {n} slots requested, {len(self._free)} free "
+                                  f"of {self.num_slots}")
+        slots, self._free = self._free[:n], self._free[n:]
+        out = torch.tensor(slots, dtype=torch.int32, device=self.states.device)
+        self.reset(out)
+        return out
+
+    def free(self, slots: Union[Sequence[int], Tensor]) -> None:
+        """Return ``slots`` to the free list (their states are zeroed when allocated again)."""
+        slots = [int(s) for s in (slots.tolist() if isinstance(slots, Tensor) else slots)]
+        taken = set(range(self.num_slots)) - set(self._free)
+        bad = [s for s in slots if s not in taken]
+        if bad:
+            raise ValueError(f"LinearAttentionState.free: slots {bad} are not allocated")
+        self._free.extend(slots)
+
+    def reset(self, slots: Union[None, Sequence[int], Tensor] = None) -> None:
+        """Zero the states of ``slots`` (all slots when ``None``) in every layer."""
+        if slots is None:
+            self.states.zero_()
+        else:
+            self.states[:, _index(slots, self.states.device)] = 0
+
+    def reorder(self, slots: Union[Sequence[int], Tensor], source: Union[Sequence[int], Tensor]) -> None:
+        """Slot ``slots[i]`` takes the state that slot ``source[i]`` had before the call, in every layer."""
+        dst, src = _index(slots, self.states.device), _index(source, self.states.device)
+        self.states[:, dst] = self.states[:, src]
+
+
+def _index(slots, device) -> Tensor:
+    return torch.as_tensor(slots, device=device).long()

@@ -1,0 +1,206 @@
+// CUDA host code of lightning_attention, lightning_attention_backward and lightning_attention_decode_: the
+// same passes as the CPU backend (see lightning/cpu/lightning_cpu.cpp for the gradient formulas), each one
+// launch of lightning_pass_kernel on the current stream. Compiled for sm_90; not yet run on a GPU.
+#include "lightning/cuda/pass_kernel.cuh"
+#include "lightning/validation.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+namespace attn_ops::cuda {
+namespace {
+
+template <typename T>
+DevRows<T> dev_rows(T* base, const at::Tensor& t, bool packed, bool per_kv_head) {
+  return packed ? DevRows<T>{base, 0, t.stride(0), t.stride(1), per_kv_head}
+                : DevRows<T>{base, t.stride(0), t.stride(1), t.stride(2), per_kv_head};
+}
+
+template <typename T>
+DevRows<const T> in_rows(const at::Tensor& t, bool packed, bool per_kv_head) {
+  return dev_rows<const T>(t.const_data_ptr<T>(), t, packed, per_kv_head);
+}
+
+template <typename T>
+DevRows<T> out_rows(at::Tensor& t, bool packed) {
+  return dev_rows<T>(t.mutable_data_ptr<T>(), t, packed, false);
+}
+
+template <typename A>
+DevState<A> dev_state(const at::Tensor& t, bool transposed) {
+  if (!t.defined()) {
+    return {};
+  }
+  A* base = const_cast<A*>(t.const_data_ptr<A>());
+  return transposed ? DevState<A>{base, t.stride(0), t.stride(1), t.stride(3), t.stride(2)}
+                    : DevState<A>{base, t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+}
+
+// Shape fields shared by every pass of one problem.
+template <typename Args>
+void set_problem(Args& a, const LightningProblem& p, const std::optional<at::Tensor>& cu_seqlens,
+                 const at::Tensor& slope) {
+  a.batch = p.batch.expect_int();
+  a.heads = p.heads.expect_int();
+  a.group = a.heads / p.heads_kv.expect_int();
+  a.seqlen = p.varlen ? 0 : p.seqlen.expect_int();
+  a.cu_seqlens = p.varlen ? cu_seqlens->const_data_ptr<int32_t>() : nullptr;
+  a.slope = slope.const_data_ptr<float>();
+}
+
+template <typename in_t, typename out_t, typename A>
+void launch(const PassArgs<in_t, out_t, A>& a) {
+  const int64_t blocks = a.batch * a.heads * ceil_div(a.dv, kLightningCols);
+  if (blocks == 0) {
+    return;
+  }
+  const size_t smem = lightning_smem_bytes<A>(a.dk);
+  int device = 0, max_smem = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TORCH_CHECK(smem <= static_cast<size_t>(max_smem), "attn_ops.lightning_attention: head_dim ", a.dk,
+              " needs ", smem, " bytes of shared memory per block on CUDA, more than the device's ", max_smem);
+  auto kernel = lightning_pass_kernel<in_t, out_t, A>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<static_cast<unsigned>(blocks), kLightningThreads, smem, at::cuda::getCurrentCUDAStream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor undefined_or(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? *t : at::Tensor();
+}
+
+std::tuple<at::Tensor, at::Tensor> lightning_attention_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                            const at::Tensor& v, const at::Tensor& slope,
+                                                            double scale,
+                                                            const std::optional<at::Tensor>& initial_state,
+                                                            const std::optional<at::Tensor>& cu_seqlens,
+                                                            std::optional<int64_t> max_seqlen,
+                                                            std::optional<int64_t> block_size) {
+  const LightningProblem p = prepare_lightning_attention("attn_ops.lightning_attention", q, k, v, slope,
+                                                         initial_state, cu_seqlens, max_seqlen, block_size);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty_symint(p.out_sizes, q.options());                                // [B, T, H, Dv]
+  at::Tensor final_state = at::empty_symint(p.state_sizes, q.options().dtype(p.state_dtype));  // [B, H, Dk, Dv]
+  const at::Tensor slope_c = slope.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_cuda", [&] {
+    using A = acc_t<scalar_t>;
+    PassArgs<scalar_t, scalar_t, A> a;
+    set_problem(a, p, cu_seqlens, slope_c);
+    a.qq = in_rows<scalar_t>(q, p.varlen, false);
+    a.kk = in_rows<scalar_t>(k, p.varlen, true);
+    a.vv = in_rows<scalar_t>(v, p.varlen, true);
+    a.out = out_rows<scalar_t>(out, p.varlen);
+    a.dk = p.head_dim.expect_int();
+    a.dv = p.head_dim_v.expect_int();
+    a.init = dev_state<A>(undefined_or(initial_state), false);
+    a.fin = dev_state<A>(final_state, false);
+    a.out_scale = static_cast<A>(scale);
+    launch(a);
+  });
+  return {out, final_state};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_backward_cuda(
+    const at::Tensor& dout_in, const std::optional<at::Tensor>& dfinal_state, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, const at::Tensor& slope, double scale,
+    const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
+    std::optional<int64_t> max_seqlen, std::optional<int64_t> block_size) {
+  const LightningProblem p = prepare_lightning_attention_backward(dout_in, dfinal_state, q, k, v, slope, initial_state,
+                                                                  cu_seqlens, max_seqlen, block_size);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const at::Tensor dout = dout_in.stride(-1) == 1 ? dout_in : dout_in.contiguous();
+  const int64_t heads = p.heads.expect_int(), heads_kv = p.heads_kv.expect_int();
+  const int64_t dk_dim = p.head_dim.expect_int(), dv_dim = p.head_dim_v.expect_int();
+  const auto acc_options = q.options().dtype(p.state_dtype);
+  std::vector<int64_t> tokens(q.sizes().begin(), q.sizes().end() - 2);
+  auto per_query_head = [&](int64_t width) {
+    std::vector<int64_t> sizes = tokens;
+    sizes.insert(sizes.end(), {heads, width});
+    return at::empty(sizes, acc_options);
+  };
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk_h = per_query_head(dk_dim), dv_h = per_query_head(dv_dim);
+  at::Tensor g1 = at::empty_symint(p.state_sizes, acc_options);
+  const at::Tensor slope_c = slope.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_backward_cuda", [&] {
+    using A = acc_t<scalar_t>;
+    {  // dq: forward in time from initial_state^T
+      PassArgs<scalar_t, scalar_t, A> a;
+      set_problem(a, p, cu_seqlens, slope_c);
+      a.qq = in_rows<scalar_t>(dout, p.varlen, false);
+      a.kk = in_rows<scalar_t>(v, p.varlen, true);
+      a.vv = in_rows<scalar_t>(k, p.varlen, true);
+      a.out = out_rows<scalar_t>(dq, p.varlen);
+      a.dk = dv_dim;
+      a.dv = dk_dim;
+      a.init = dev_state<A>(undefined_or(initial_state), true);
+      a.out_scale = static_cast<A>(scale);
+      launch(a);
+    }
+    // dk (state G^T) and dv (state G, ending at G_1): reversed in time from dfinal_state, entering undecayed.
+    for (const bool is_dk : {true, false}) {
+      PassArgs<scalar_t, A, A> a;
+      set_problem(a, p, cu_seqlens, slope_c);
+      a.qq = in_rows<scalar_t>(is_dk ? v : k, p.varlen, true);
+      a.kk = in_rows<scalar_t>(is_dk ? dout : q, p.varlen, false);
+      a.vv = in_rows<scalar_t>(is_dk ? q : dout, p.varlen, false);
+      a.out = out_rows<A>(is_dk ? dk_h : dv_h, p.varlen);
+      a.dk = is_dk ? dv_dim : dk_dim;
+      a.dv = is_dk ? dk_dim : dv_dim;
+      a.init = dev_state<A>(undefined_or(dfinal_state), is_dk);
+      a.fin = is_dk ? DevState<A>{} : dev_state<A>(g1, false);
+      a.kv_scale = static_cast<A>(scale);
+      a.reverse = true;
+      a.decay_initial = false;
+      launch(a);
+    }
+  });
+  auto group_sum = [&](const at::Tensor& per_head, int64_t width) {
+    std::vector<int64_t> sizes = tokens;
+    sizes.insert(sizes.end(), {heads_kv, heads / heads_kv, width});
+    return per_head.view(sizes).sum(-2).to(q.scalar_type());
+  };
+  at::Tensor dinit = g1 * at::exp(-slope_c.to(p.state_dtype)).view({1, heads, 1, 1});
+  return {dq, group_sum(dk_h, dk_dim), group_sum(dv_h, dv_dim), dinit};
+}
+
+at::Tensor lightning_attention_decode__cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                            const at::Tensor& state, const at::Tensor& slope, double scale,
+                                            const std::optional<at::Tensor>& state_indices) {
+  const LightningProblem p = prepare_lightning_decode(q, k, v, state, slope, state_indices);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty_symint(p.out_sizes, q.options());  // [B, Tq, H, Dv]
+  const at::Tensor slope_c = slope.contiguous();
+  const at::Tensor slots = state_indices.has_value() ? state_indices->contiguous() : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_decode_cuda", [&] {
+    using A = acc_t<scalar_t>;
+    PassArgs<scalar_t, scalar_t, A> a;
+    set_problem(a, p, std::nullopt, slope_c);
+    a.qq = in_rows<scalar_t>(q, false, false);
+    a.kk = in_rows<scalar_t>(k, false, true);
+    a.vv = in_rows<scalar_t>(v, false, true);
+    a.out = out_rows<scalar_t>(out, false);
+    a.dk = p.head_dim.expect_int();
+    a.dv = p.head_dim_v.expect_int();
+    a.slots = slots.defined() ? slots.const_data_ptr<int32_t>() : nullptr;
+    a.num_slots = state.size(0);
+    a.init = dev_state<A>(state, false);  // each block reads its tile of the slot and writes it back
+    a.fin = a.init;
+    a.out_scale = static_cast<A>(scale);
+    launch(a);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
+  m.impl("lightning_attention", &lightning_attention_cuda);
+  m.impl("lightning_attention_backward", &lightning_attention_backward_cuda);
+  m.impl("lightning_attention_decode_", &lightning_attention_decode__cuda);
+}
+
+}  // namespace attn_ops::cuda

@@ -1,0 +1,90 @@
+"""attn_ops.integrations.minimax.swap_minimax_attention on a tiny random MiniMaxForCausalLM (no download):
+the swapped model shares the parameters and generates the same tokens as the eager model (greedy with left
+padding, beam search), in float32 and float64."""
+
+import copy
+
+import pytest
+import torch
+from transformers import MiniMaxConfig, MiniMaxForCausalLM
+
+from attn_ops.integrations import transformers as hf
+from attn_ops.integrations.minimax import MiniMaxLightningAttention, swap_minimax_attention
+
+CONFIG = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=8, num_hidden_layers=4, num_local_experts=2, num_experts_per_tok=1, block_size=16,
+              pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=256,
+              experts_implementation="eager")  # grouped_mm has no float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    hf.register()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a thread pool only adds overhead
+    yield
+    torch.set_num_threads(threads)
+
+
+def models(dtype):
+    torch.manual_seed(0)
+    eager = MiniMaxForCausalLM(MiniMaxConfig(**CONFIG)).eval().to(dtype)
+    ours = copy.deepcopy(eager)
+    ours.set_attn_implementation("attn_ops")
+    assert swap_minimax_attention(ours) == 2
+    return eager, ours
+
+
+def prompt():
+    ids = torch.randint(3, CONFIG["vocab_size"], (3, 21))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    mask[2, :1] = 0
+    return ids.masked_fill(mask == 0, CONFIG["pad_token_id"]), mask
+
+
+def test_swap_shares_parameters_and_keeps_state_dict_keys():
+    torch.manual_seed(0)
+    model = MiniMaxForCausalLM(MiniMaxConfig(**CONFIG)).eval()
+    before = {n: p.data_ptr() for n, p in model.named_parameters()}
+    keys = set(model.state_dict())
+    swap_minimax_attention(model)
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
+    assert isinstance(model.model.layers[1].self_attn, MiniMaxLightningAttention)
+    derived = {k for k in keys if k.rsplit(".", 1)[-1] in ("query_decay", "key_decay", "diagonal_decay")}
+    assert set(model.state_dict()) == keys - derived
+    model.load_state_dict(MiniMaxForCausalLM(MiniMaxConfig(**CONFIG)).state_dict())  # a MiniMax checkpoint loads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_greedy_generate_with_left_padding_matches_eager(dtype):
+    eager, ours = models(dtype)
+    ids, mask = prompt()
+    kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False)
+    with torch.no_grad():
+        expected = eager.generate(ids, **kw)
+        got = ours.generate(ids, **kw)
+    assert expected.shape == (3, 31)
+    assert torch.equal(got, expected)
+
+
+def test_beam_search_matches_eager():
+    eager, ours = models(torch.float64)
+    ids, mask = prompt()
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=3)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **kw), eager.generate(ids, **kw))
+
+
+def test_logits_and_training_gradients_match_eager():
+    eager, ours = models(torch.float64)
+    ids, mask = prompt()
+    out_e = eager(ids, attention_mask=mask, labels=ids, use_cache=False)
+    out_o = ours(ids, attention_mask=mask, labels=ids, use_cache=False)
+    real = mask.bool()
+    torch.testing.assert_close(out_o.logits[real], out_e.logits[real], rtol=1e-6, atol=1e-6)
+    out_e.loss.backward()
+    out_o.loss.backward()
+    for (name, pe), (_, po) in zip(eager.named_parameters(), ours.named_parameters()):
+        if pe.grad is not None:
+            torch.testing.assert_close(po.grad, pe.grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -1,0 +1,81 @@
+"""Gradients of lightning_attention (C++ autograd through lightning_attention_backward): gradcheck in float64
+on small shapes (several blocks, a partial block, GQA, varlen with an empty sequence, initial state), and a
+comparison against autograd through the float64 recurrence on a larger float32 case."""
+
+import pytest
+import torch
+
+import attn_ops
+from lightning_reference import minimax_slopes, recurrence
+
+
+def make(shape, dtype=torch.float64):
+    return (torch.randn(shape, dtype=torch.float64) * 0.5).to(dtype).requires_grad_()
+
+
+@pytest.mark.parametrize("Hk", [1, 2])
+@pytest.mark.parametrize("T", [1, 7])
+@pytest.mark.parametrize("slope_kind", ["zero", "minimax"])
+def test_gradcheck_dense(Hk, T, slope_kind):
+    B, H, Dk, Dv = 2, 2, 3, 4
+    q, k, v = make((B, T, H, Dk)), make((B, T, Hk, Dk)), make((B, T, Hk, Dv))
+    init = make((B, H, Dk, Dv))
+    s = torch.zeros(H) if slope_kind == "zero" else minimax_slopes(H)
+
+    def fn(q, k, v, init):
+        return attn_ops.lightning_attention(q, k, v, s, scale=0.6, initial_state=init, block_size=3)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, init))
+
+
+def test_gradcheck_varlen_with_empty_sequence_and_no_initial_state():
+    cu = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
+    q, k, v = make((9, 2, 3)), make((9, 1, 3)), make((9, 1, 2))
+    s = minimax_slopes(2)
+
+    def fn(q, k, v):
+        return attn_ops.lightning_attention(q, k, v, s, cu_seqlens=cu, block_size=2)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_gradient_of_final_state_only():
+    q, k, v, init = make((1, 6, 2, 3)), make((1, 6, 2, 3)), make((1, 6, 2, 3)), make((1, 2, 3, 3))
+    s = minimax_slopes(2)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, init: attn_ops.lightning_attention(q, k, v, s, initial_state=init, block_size=4)[1],
+        (q, k, v, init))
+
+
+def test_float32_gradients_match_reference(device):
+    B, T, H, Hk, Dk, Dv = 2, 70, 4, 2, 16, 24
+    q, k, v = make((B, T, H, Dk), torch.float32), make((B, T, Hk, Dk), torch.float32), make((B, T, Hk, Dv), torch.float32)
+    init = make((B, H, Dk, Dv), torch.float32)
+    s = minimax_slopes(H)
+    on_device = [t.detach().to(device).requires_grad_() for t in (q, k, v, init)]
+    out, final = attn_ops.lightning_attention(*on_device[:3], s.to(device), scale=0.25, initial_state=on_device[3],
+                                              block_size=16)
+    dout, dfinal = torch.randn(out.shape), torch.randn(final.shape)
+    grads = [g.cpu() for g in torch.autograd.grad((out * dout.to(device)).sum() + (final * dfinal.to(device)).sum(),
+                                                  on_device)]
+    ref_out, ref_final = recurrence(q, k, v, s, scale=0.25, initial_state=init)
+    ref = torch.autograd.grad((ref_out.double() * dout.double()).sum() + (ref_final * dfinal.double()).sum(),
+                              (q, k, v, init))
+    for ours, theirs in zip(grads, ref):
+        torch.testing.assert_close(ours.double(), theirs.double(), rtol=1e-4, atol=1e-4)
+
+
+def test_few_streams_split_the_value_columns():
+    # One sequence and one head: the CPU kernels split the state's value columns over the threads.
+    torch.set_num_threads(max(torch.get_num_threads(), 2))
+    q, k, v, init = make((1, 45, 1, 64)), make((1, 45, 1, 64)), make((1, 45, 1, 64)), make((1, 1, 64, 64))
+    s = minimax_slopes(1)
+    out, final = attn_ops.lightning_attention(q, k, v, s, initial_state=init, block_size=16)
+    ref_out, ref_final = recurrence(q, k, v, s, initial_state=init)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(final, ref_final, rtol=1e-10, atol=1e-10)
+    dout, dfinal = torch.randn_like(out), torch.randn_like(final)
+    ours = torch.autograd.grad((out * dout).sum() + (final * dfinal).sum(), (q, k, v, init))
+    ref = torch.autograd.grad((ref_out * dout).sum() + (ref_final * dfinal).sum(), (q, k, v, init))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
