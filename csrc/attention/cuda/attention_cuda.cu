@@ -230,7 +230,9 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
                                                      const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                      const std::optional<at::Tensor>& block_table, double scale,
                                                      bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap) {
+                                                     double softcap, const KvCacheRows& rows) {
+  // mla_decode runs on this function too: the message names both ops.
+  check_rows_not_given("attn_ops.attention_with_kvcache / attn_ops.mla_decode", "CUDA", rows);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2);
   at::Tensor out = at::empty({batch, seqlen_q, heads_q, v_cache.size(3)}, q.options());

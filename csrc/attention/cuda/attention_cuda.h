@@ -48,6 +48,6 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
                                                      const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                      const std::optional<at::Tensor>& block_table, double scale,
                                                      bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap);
+                                                     double softcap, const KvCacheRows& rows);
 
 }  // namespace attn_ops::cuda

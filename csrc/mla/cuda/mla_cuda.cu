@@ -16,8 +16,10 @@ namespace {
 
 void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
-                           const std::optional<at::Tensor>& slot_mapping) {
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
+                           const std::optional<at::Tensor>& slot_mapping,
+                           const std::optional<at::Tensor>& cache_batch_idx) {
+  TORCH_CHECK(!cache_batch_idx.has_value(), "attn_ops.mla_cache_append: cache_batch_idx is not supported on CUDA yet");
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
   const c10::cuda::CUDAGuard guard(latent_cache.device());
   const int64_t elem = latent_cache.element_size();
   const int64_t cache0 = latent_cache.stride(0), cache1 = latent_cache.stride(1);
