@@ -358,24 +358,25 @@ def render_markdown(run, results, bulk, mixed=()):
     L = ["# attn_ops decode benchmark (attention_with_kvcache, KV-cache appends)", ""]
     L += common.header_lines(run.info, run.ceilings, run.elapsed(), args.device)
     L.append("")
-    L.append(f"Decode: one query token per row, Hq = {args.hq}, D = {args.head_dim}, {args.dtype}, "
-             f"every row attends to the whole context. Cells: median time (GB/s of the K/V cache "
-             f"read). X/ours = X time / ours time (> 1: attn_ops is faster), against ours on the "
-             f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
-             f"({cp:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
-             f"work). paged16 / paged1 = ours over a paged cache with that block size. The "
-             f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
-             f"max abs(sdpa); paged diff: the largest of the same for paged against contiguous. "
-             f"Times are device times from CUDA events with the L2 flushed before each call (see "
-             f"the script's docstring).")
-    L.append("")
-    keys = [("B", lambda r: r["B"]), ("context", lambda r: r["context"]), ("Hkv", lambda r: r["Hkv"]),
-            ("cache", lambda r: common.fmt_bytes(r["cache_bytes"]))]
-    L += [] if not results else common.bandwidth_tables(
-        results, keys, args.impls, cp,
-        [("rel. diff", "rel_diff_vs_sdpa"), ("paged diff", "rel_diff_paged_vs_contiguous")],
-        "Decode appends (one new token per row, K and V): median time (GB/s, bytes read + "
-        "written); latency-bound at these sizes.")
+    if results:
+        L.append(f"Decode: one query token per row, Hq = {args.hq}, D = {args.head_dim}, {args.dtype}, "
+                 f"every row attends to the whole context. Cells: median time (GB/s of the K/V cache "
+                 f"read). X/ours = X time / ours time (> 1: attn_ops is faster), against ours on the "
+                 f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
+                 f"({cp:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
+                 f"work). paged16 / paged1 = ours over a paged cache with that block size. The "
+                 f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
+                 f"max abs(sdpa); paged diff: the largest of the same for paged against contiguous. "
+                 f"Times are device times from CUDA events with the L2 flushed before each call (see "
+                 f"the script's docstring).")
+        L.append("")
+        keys = [("B", lambda r: r["B"]), ("context", lambda r: r["context"]), ("Hkv", lambda r: r["Hkv"]),
+                ("cache", lambda r: common.fmt_bytes(r["cache_bytes"]))]
+        L += common.bandwidth_tables(
+            results, keys, args.impls, cp,
+            [("rel. diff", "rel_diff_vs_sdpa"), ("paged diff", "rel_diff_paged_vs_contiguous")],
+            "Decode appends (one new token per row, K and V): median time (GB/s, bytes read + "
+            "written); latency-bound at these sizes.")
     if bulk:
         L.append("")
         L.append(f"Bulk appends (a prefill chunk): median time (GB/s, bytes read + written; copy "
