@@ -112,10 +112,13 @@ def test_packed_equals_dense():
 # --------------------------------------------------------------------------------------------------
 # Combined: packed q + paged cache + cache_batch_idx + leftpad + window + softcap
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("block_size", [None, 1, 16])
-@pytest.mark.parametrize("opts", [dict(window_left=50, softcap=8.0), dict(causal=False, window_left=3,
-                                                                         window_right=2)])
+COMBINED_OPTS = [dict(window_left=50, softcap=8.0), dict(causal=False, window_left=3, window_right=2)]
+# float32 over every cache layout; bfloat16 and float64 over the paged one (time budget)
+COMBINED = [(torch.float32, bs, o) for bs in (None, 1, 16) for o in COMBINED_OPTS] + \
+    [(dt, 16, o) for dt in (torch.bfloat16, torch.float64) for o in COMBINED_OPTS]
+
+
+@pytest.mark.parametrize("dtype,block_size,opts", COMBINED, ids=str)
 def test_all_combined(dtype, block_size, opts):
     check(*serving_inputs(LENS_Q, LENS_K, Hq=6, Hkv=2, Dv=24, pool_rows=9, block_size=block_size,
                           leftpad=[3, 20, 12, 0, 0], dtype=dtype), **opts)
