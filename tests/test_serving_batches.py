@@ -2,7 +2,8 @@
 cu_seqlens_q, cache_batch_idx and cache_leftpad for attention_with_kvcache and mla_decode, and
 cache_batch_idx for kv_cache_append / mla_cache_append; each alone and all combined, against the
 float64 references of serving_reference.py with the tolerance rule of reference.py. Also opcheck and
-a compiled (fullgraph) serving step. The CUDA kernels reject these arguments (test_serving_errors.py).
+a compiled (fullgraph) serving step. On CUDA, packed queries run (compared against the reference when a
+GPU is present); cache_batch_idx / cache_leftpad are rejected there (test_serving_errors.py).
 """
 
 import pytest
@@ -98,6 +99,20 @@ def test_cache_leftpad(block_size):
     # keys start at the pad; one row padded up to its length (no key left), one not padded
     check(*serving_inputs([3, 3, 3, 3], [20, 37, 5, 9], leftpad=[4, 17, 5, 0], block_size=block_size,
                           packed=False))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("block_size", [None, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_queries_cuda(block_size, dtype):
+    q, kc, vc, lens, kw = serving_inputs(LENS_Q, LENS_K, Hq=8, Hkv=2, D=64, block_size=block_size, dtype=dtype)
+    dev = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    out, lse = attn_ops.attention_with_kvcache(q.cuda(), kc.cuda(), vc.cuda(), lens.cuda(), **dev)
+    ref_kw = {k: v for k, v in kw.items() if k != "max_seqlen_q"}
+    ref = attention_with_kvcache_serving_ref(q, kc, vc, lens, **ref_kw)
+    same = attention_with_kvcache_serving_ref(q, kc, vc, lens, **ref_kw, compute_dtype=dtype)
+    assert_close_to_ref(out.cpu(), ref[0], same[0], name="out")
+    assert_close_to_ref(lse.cpu(), ref[1], same[1].float(), name="lse")
 
 
 def test_packed_equals_dense():

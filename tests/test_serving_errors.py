@@ -170,16 +170,15 @@ def test_meta_tensors_check_shapes_only():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
-@pytest.mark.parametrize("name", ["cu_seqlens_q", "cache_batch_idx", "cache_leftpad"])
+@pytest.mark.parametrize("name", ["cache_batch_idx", "cache_leftpad"])
 def test_cuda_rejects_serving_arguments(name):
+    """Packed queries run on CUDA; row selection and left padding are rejected by name (not ignored)."""
     q, kc, vc, lens, kw = att_args()
-    kw = {"cu_seqlens_q": kw["cu_seqlens_q"], "cache_batch_idx": kw["cache_batch_idx"],
-          "cache_leftpad": i32([0, 1])}
-    only = {name: kw[name].cuda()}
-    qd = q.cuda() if name == "cu_seqlens_q" else q.reshape(1, 5, 4, 16).expand(2, 5, 4, 16).cuda()
+    value = {"cache_batch_idx": i32([3, 0]), "cache_leftpad": i32([0, 1])}[name]
     kd, vd = (kc.cuda(), vc.cuda()) if name == "cache_batch_idx" else (kc[:2].cuda(), vc[:2].cuda())
     raises("attn_ops.attention_with_kvcache / attn_ops.mla_decode: " + name + " is not supported on CUDA yet",
-           attn_ops.attention_with_kvcache, qd, kd, vd, lens.cuda(), **only)
+           attn_ops.attention_with_kvcache, q.cuda(), kd, vd, lens.cuda(), cu_seqlens_q=kw["cu_seqlens_q"].cuda(),
+           **{name: value.cuda()})
     k = torch.randn(2, 1, 2, 16, device="cuda")
     raises("attn_ops.kv_cache_append: cache_batch_idx is not supported on CUDA yet", attn_ops.kv_cache_append,
            kc.cuda(), vc.cuda(), k, k, lens.cuda(), cache_batch_idx=i32([1, 0], "cuda"))
