@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attention/cuda/problem.cuh"
+#include "attention/serving.h"
 
 #include <ATen/core/Tensor.h>
 
