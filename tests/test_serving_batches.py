@@ -253,3 +253,19 @@ def test_compiled_serving_step():
     assert torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
     torch.testing.assert_close(compiled[0], eager[0])
     torch.testing.assert_close(compiled[1], eager[1])
+
+
+def test_compiled_dynamic_total_q():
+    """One compiled graph (dynamic shapes) serves steps with different packed query counts."""
+    torch._dynamo.reset()
+
+    def step(q, kc, vc, lens, cu, idx, pad):
+        return attn_ops.attention_with_kvcache(q, kc, vc, lens, cu_seqlens_q=cu, cache_batch_idx=idx,
+                                               cache_leftpad=pad)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    kc, vc = torch.randn(6, 32, 2, 16), torch.randn(6, 32, 2, 16)
+    for cu, lens in (([0, 1, 3, 4], [5, 9, 3]), ([0, 2, 6, 7], [5, 12, 3]), ([0, 1, 8, 9], [5, 19, 3])):
+        args = (torch.randn(cu[-1], 4, 16), kc, vc, i32(lens), i32(cu), i32([4, 1, 0]), i32([0, 2, 1]))
+        ours, eager = compiled(*args), step(*args)
+        assert torch.equal(ours[0], eager[0]) and torch.equal(ours[1], eager[1])
