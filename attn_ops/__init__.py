@@ -46,3 +46,8 @@ __all__ = [
     "rotary_embedding_",
 ]
 __version__ = "0.1.0"
+
+# FlashAttention-2-compatible functions (docs/flash_attn_compat.md).
+from . import flash_attn_interface  # noqa: E402
+
+__all__ += ["flash_attn_interface"]

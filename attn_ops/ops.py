@@ -118,15 +118,25 @@ def attention_backward(
     )
 
 
-def kv_cache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: Tensor) -> None:
+def kv_cache_append(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache_seqlens: Tensor,
+    *,
+    cache_batch_idx: Optional[Tensor] = None,
+) -> None:
     """Write new keys/values into a contiguous KV cache, in place.
 
     ``k_cache`` ``[B, capacity, Hkv, Dk]``, ``v_cache`` ``[B, capacity, Hkv, Dv]``; ``k`` ``[B, Tnew, Hkv, Dk]``
     and ``v`` ``[B, Tnew, Hkv, Dv]`` are written at rows ``cache_seqlens[b] .. cache_seqlens[b] + Tnew - 1``
     (``cache_seqlens``: int32 ``[B]``). ``cache_seqlens`` itself is not changed: advance it after the call.
-    Every check (shapes, dtypes, capacity) runs before anything is written.
+    With ``cache_batch_idx`` (int32 ``[B]``, distinct values) the caches hold any number of rows (a pool) and
+    row ``b`` of ``k`` goes to cache row ``cache_batch_idx[b]``.
+    Every check (shapes, dtypes, capacity, batch indices) runs before anything is written.
     """
-    torch.ops.attn_ops.kv_cache_append(k_cache, v_cache, k, v, cache_seqlens)
+    torch.ops.attn_ops.kv_cache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=cache_batch_idx)
 
 
 def paged_kv_cache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
@@ -152,6 +162,10 @@ def attention_with_kvcache(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention of new queries over a KV cache: decode (``Tq = 1``), chunked prefill, speculative verification.
 
@@ -163,8 +177,15 @@ def attention_with_kvcache(
     key ``j`` of row ``b`` lives in block ``block_table[b, j // block_size]``). GQA/MQA by head counts, K/V
     never repeated. Long caches are split across threads and merged by their log-sum-exp.
 
-    Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])``; a row with an empty cache gives zeros and ``-inf``.
-    Not differentiable (inference op).
+    Serving batches: with ``cu_seqlens_q`` (int32 ``[B + 1]``) ``q`` is packed ``[total_q, Hq, D]`` and row ``b``
+    has its own query count ``cu_seqlens_q[b + 1] - cu_seqlens_q[b]`` (decode and prefill rows in one call;
+    ``max_seqlen_q`` optional); ``cache_batch_idx`` (int32 ``[B]``) makes row ``b`` read cache row
+    ``cache_batch_idx[b]`` (of a pool with any number of rows; for a paged cache, block-table row);
+    ``cache_leftpad`` (int32 ``[B]``) makes row ``b``'s keys the cache positions
+    ``cache_leftpad[b] .. cache_seqlens[b] - 1``.
+
+    Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])`` (packed: ``out [total_q, Hq, Dv]``, ``lse [Hq, total_q]``);
+    a row with an empty cache gives zeros and ``-inf``. Not differentiable (inference op).
     """
     return torch.ops.attn_ops.attention_with_kvcache(
         q,
@@ -177,6 +198,10 @@ def attention_with_kvcache(
         window_left=window_left,
         window_right=window_right,
         softcap=softcap,
+        cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=max_seqlen_q,
+        cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad,
     )
 
 
@@ -230,6 +255,7 @@ def mla_cache_append(
     *,
     cache_seqlens: Optional[Tensor] = None,
     slot_mapping: Optional[Tensor] = None,
+    cache_batch_idx: Optional[Tensor] = None,
 ) -> None:
     """Write MLA latent rows ``[c_kv ; k_pe]`` into a latent cache, in place.
 
@@ -237,10 +263,11 @@ def mla_cache_append(
     ``c_kv`` ``[B, Tnew, d_c]``, ``k_pe`` ``[B, Tnew, d_rope]``, written at rows ``cache_seqlens[b] + t`` (the
     lengths are not changed). Paged (give ``slot_mapping``, int32/int64 ``[N]``, ``-1`` skips):
     ``latent_cache`` ``[num_blocks, block_size, d_c + d_rope]``, ``c_kv`` ``[N, d_c]``, ``k_pe`` ``[N, d_rope]``.
-    Every check runs before anything is written.
+    With ``cache_batch_idx`` (contiguous only; int32 ``[B]``, distinct) row ``b`` goes to cache row
+    ``cache_batch_idx[b]`` of a cache with any number of rows. Every check runs before anything is written.
     """
     torch.ops.attn_ops.mla_cache_append(latent_cache, c_kv, k_pe, cache_seqlens=cache_seqlens,
-                                        slot_mapping=slot_mapping)
+                                        slot_mapping=slot_mapping, cache_batch_idx=cache_batch_idx)
 
 
 def mla_decode(
@@ -252,6 +279,10 @@ def mla_decode(
     scale: float,
     block_table: Optional[Tensor] = None,
     causal: bool = True,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Absorbed MLA attention (DeepSeek-V2/V3 inference) over a latent cache.
 
@@ -262,10 +293,16 @@ def mla_decode(
     last ``Tq`` positions (bottom-right causal). ``scale`` is required: DeepSeek uses
     ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``.
 
-    Returns ``(out_latent [B, Tq, H, d_c], lse [B, H, Tq])``. Not differentiable (inference op).
+    ``cu_seqlens_q``, ``max_seqlen_q``, ``cache_batch_idx`` and ``cache_leftpad`` work as in
+    :func:`attention_with_kvcache` (packed ``q_latent`` ``[total_q, H, d_c]`` / ``q_rope`` ``[total_q, H, d_rope]``).
+
+    Returns ``(out_latent [B, Tq, H, d_c], lse [B, H, Tq])`` (packed: ``[total_q, H, d_c]``, ``[H, total_q]``).
+    Not differentiable (inference op).
     """
     return torch.ops.attn_ops.mla_decode(q_latent, q_rope, latent_cache, cache_seqlens, scale=scale,
-                                         block_table=block_table, causal=causal)
+                                         block_table=block_table, causal=causal, cu_seqlens_q=cu_seqlens_q,
+                                         max_seqlen_q=max_seqlen_q, cache_batch_idx=cache_batch_idx,
+                                         cache_leftpad=cache_leftpad)
 
 
 def additive_attention(

@@ -22,6 +22,15 @@ paged_kv_cache_append with a slot per row) per case, and bulk appends (--append-
 for each of --append-batch rows: a prefill chunk) into contiguous and paged caches; GB/s counts
 the bytes read plus written (2 x the new K and V).
 
+Mixed serving step (continuous batching): --mixed-decode rows decode one token each over
+--mixed-context cached keys, and one row prefills a --mixed-prefill token chunk (its cache holds
+the chunk and --mixed-context earlier keys), all over one paged cache (block size 16). Compared:
+  ragged        one attention_with_kvcache call with packed q [rows + chunk, Hq, D] and cu_seqlens_q
+  padded        one dense call, every row's q padded to the chunk length [rows + 1, chunk, Hq, D]
+                (the padding queries are computed and thrown away)
+  split         two calls: the decode rows (q [rows, 1, Hq, D]) and the prefill row (q [1, chunk, Hq, D])
+The outputs of the real queries are compared (rel. diff against ragged). --mixed-only runs just this.
+
 Timing: CUDA events around each call, after warm-up, median of --repeats; before each call a
 buffer of twice the L2 size is written, so every call reads the cache from device memory (as
 triton.testing.do_bench; the flush is outside the events). CPU: host clock. A case is skipped
@@ -36,6 +45,7 @@ Examples:
   python benchmarks/bench_decode.py --device cuda --out benchmarks/results/h100_decode.md \\
       --json benchmarks/results/h100_decode.json
   python benchmarks/bench_decode.py --device cuda --quick --time-budget 60
+  python benchmarks/bench_decode.py --mixed-only --hq 8 --hkv 2 --head-dim 64   # the mixed step on CPU
 """
 
 from __future__ import annotations
@@ -72,6 +82,11 @@ def parse_args(argv=None):
     p.add_argument("--append-tokens", type=int, default=None,
                    help="bulk appends: new tokens per row (default 1024); 0 skips them")
     p.add_argument("--quick", action="store_true", help="B 32, context 8192, 10 repeats")
+    p.add_argument("--mixed-decode", type=int, default=31, help="mixed step: decoding rows (default 31)")
+    p.add_argument("--mixed-prefill", type=int, default=512, help="mixed step: prefill chunk (default 512)")
+    p.add_argument("--mixed-context", type=int, default=1024,
+                   help="mixed step: cached keys of every row before this step (default 1024)")
+    p.add_argument("--mixed-only", action="store_true", help="run only the mixed serving step")
     args = p.parse_args(argv)
     common.finish_common_args(p, args)
     args.batch = args.batch or ([32] if args.quick else [1, 32, 128])
@@ -265,29 +280,103 @@ def bulk_appends(attn_ops, args, notes):
     return rows
 
 
-def render_markdown(run, results, bulk):
+def mixed_step(attn_ops, args, notes):
+    """One continuous-batching step: --mixed-decode rows decoding 1 token, 1 row prefilling a chunk, one
+    paged cache; ragged (one packed call) against padded (one dense call) and split (two calls)."""
+    device, dtype, d, hq = args.device, DTYPES[args.dtype], args.head_dim, args.hq
+    rows, chunk, ctx, bs = args.mixed_decode, args.mixed_prefill, args.mixed_context, 16
+    label = f"mixed step {rows} x 1 + 1 x {chunk} over {ctx} cached"
+    results = []
+    for hkv in args.hkv:
+        gen = common.generator(device, 3)
+        batch = rows + 1
+        lens = torch.tensor([ctx + 1] * rows + [ctx + chunk], dtype=torch.int32, device=device)
+        max_blocks = -(-(ctx + chunk) // bs)
+        table = torch.randperm(batch * max_blocks, generator=gen, device=device).to(torch.int32)
+        table = table.reshape(batch, max_blocks)
+        kc = common.randn((batch * max_blocks, bs, hkv, d), dtype, device, gen)
+        vc = common.randn((batch * max_blocks, bs, hkv, d), dtype, device, gen)
+        q_decode = common.randn((rows, 1, hq, d), dtype, device, gen)
+        q_prefill = common.randn((1, chunk, hq, d), dtype, device, gen)
+        q_packed = torch.cat([q_decode.flatten(0, 1), q_prefill.flatten(0, 1)])
+        cu = torch.tensor([0] + list(range(1, rows + 1)) + [rows + chunk], dtype=torch.int32, device=device)
+        q_padded = torch.zeros(batch, chunk, hq, d, dtype=dtype, device=device)
+        q_padded[:rows, -1:] = q_decode  # the real decode query is the last (bottom-right) position
+        q_padded[rows] = q_prefill[0]
+        kw = dict(block_table=table)
+        calls = {
+            "ragged": lambda: attn_ops.attention_with_kvcache(q_packed, kc, vc, lens, cu_seqlens_q=cu,
+                                                              max_seqlen_q=chunk, **kw)[0],
+            "padded": lambda: attn_ops.attention_with_kvcache(q_padded, kc, vc, lens, **kw)[0],
+            "split": lambda: (attn_ops.attention_with_kvcache(q_decode, kc, vc, lens[:rows], block_table=table[:rows])[0],
+                              attn_ops.attention_with_kvcache(q_prefill, kc, vc, lens[rows:],
+                                                              block_table=table[rows:])[0]),
+        }
+        cache_bytes = 2 * (rows * (ctx + 1) + ctx + chunk) * hkv * d * kc.element_size()
+        row = {"Hkv": hkv, "decode_rows": rows, "chunk": chunk, "context": ctx, "impls": {}, "rel_diff": {}}
+        outs = {}
+        for name, call in calls.items():
+            row["impls"][name], outs[name] = common.timed_entry(lambda call=call: call, device=device, args=args,
+                                                                nbytes=cache_bytes)
+            common.note(notes, name, row["impls"][name], label)
+        real = {  # [rows + chunk, Hq, D]: the outputs of the real queries, in packed order
+            "ragged": outs["ragged"],
+            "padded": None if outs["padded"] is None else torch.cat([outs["padded"][:rows, -1],
+                                                                     outs["padded"][rows]]),
+            "split": None if outs["split"] is None else torch.cat([outs["split"][0].flatten(0, 1),
+                                                                   outs["split"][1][0]]),
+        }
+        for name in ("padded", "split"):
+            if real[name] is not None and real["ragged"] is not None:
+                row["rel_diff"][name] = common.rel_maxdiff(real[name], real["ragged"])
+        print(f"  {label} Hkv={hkv}: " + ", ".join(f"{n} {bw_cell(e)}" for n, e in row["impls"].items()) +
+              ", " + ", ".join(f"{n}/ragged {common.time_ratio(row['impls'], n, 'ragged')}"
+                               for n in ("padded", "split")), flush=True)
+        results.append(row)
+        common.free_memory(device)
+    return results
+
+
+def mixed_markdown(args, mixed):
+    L = ["", f"Mixed serving step: {args.mixed_decode} rows decoding 1 token over {args.mixed_context} cached "
+         f"keys + 1 row prefilling {args.mixed_prefill} tokens (after {args.mixed_context} cached keys), one paged "
+         f"cache (block size 16), Hq = {args.hq}, D = {args.head_dim}, {args.dtype}. ragged = one call with "
+         f"packed q and cu_seqlens_q; padded = one dense call with every row padded to {args.mixed_prefill} "
+         f"queries; split = one call for the decode rows + one for the prefill row. Cells: median time "
+         f"(GB/s of K/V read); X/ragged = X time / ragged time (> 1: ragged is faster). rel. diff: max abs "
+         f"difference of the real queries' outputs against ragged / max abs(ragged).", ""]
+    rows = [[str(r["Hkv"])] + [bw_cell(r["impls"].get(n)) for n in ("ragged", "padded", "split")] +
+            [common.time_ratio(r["impls"], n, "ragged") for n in ("padded", "split")] +
+            [", ".join(f"{n} {v:.1e}" for n, v in r["rel_diff"].items())] for r in mixed]
+    L.append(common.markdown_table(["Hkv", "ragged", "padded", "split", "padded/ragged", "split/ragged",
+                                    "rel. diff"], rows))
+    return L
+
+
+def render_markdown(run, results, bulk, mixed=()):
     args, cp = run.args, run.ceilings["copy"]["gbps"]
     L = ["# attn_ops decode benchmark (attention_with_kvcache, KV-cache appends)", ""]
     L += common.header_lines(run.info, run.ceilings, run.elapsed(), args.device)
     L.append("")
-    L.append(f"Decode: one query token per row, Hq = {args.hq}, D = {args.head_dim}, {args.dtype}, "
-             f"every row attends to the whole context. Cells: median time (GB/s of the K/V cache "
-             f"read). X/ours = X time / ours time (> 1: attn_ops is faster), against ours on the "
-             f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
-             f"({cp:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
-             f"work). paged16 / paged1 = ours over a paged cache with that block size. The "
-             f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
-             f"max abs(sdpa); paged diff: the largest of the same for paged against contiguous. "
-             f"Times are device times from CUDA events with the L2 flushed before each call (see "
-             f"the script's docstring).")
-    L.append("")
-    keys = [("B", lambda r: r["B"]), ("context", lambda r: r["context"]), ("Hkv", lambda r: r["Hkv"]),
-            ("cache", lambda r: common.fmt_bytes(r["cache_bytes"]))]
-    L += common.bandwidth_tables(
-        results, keys, args.impls, cp,
-        [("rel. diff", "rel_diff_vs_sdpa"), ("paged diff", "rel_diff_paged_vs_contiguous")],
-        "Decode appends (one new token per row, K and V): median time (GB/s, bytes read + "
-        "written); latency-bound at these sizes.")
+    if results:
+        L.append(f"Decode: one query token per row, Hq = {args.hq}, D = {args.head_dim}, {args.dtype}, "
+                 f"every row attends to the whole context. Cells: median time (GB/s of the K/V cache "
+                 f"read). X/ours = X time / ours time (> 1: attn_ops is faster), against ours on the "
+                 f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
+                 f"({cp:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
+                 f"work). paged16 / paged1 = ours over a paged cache with that block size. The "
+                 f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
+                 f"max abs(sdpa); paged diff: the largest of the same for paged against contiguous. "
+                 f"Times are device times from CUDA events with the L2 flushed before each call (see "
+                 f"the script's docstring).")
+        L.append("")
+        keys = [("B", lambda r: r["B"]), ("context", lambda r: r["context"]), ("Hkv", lambda r: r["Hkv"]),
+                ("cache", lambda r: common.fmt_bytes(r["cache_bytes"]))]
+        L += common.bandwidth_tables(
+            results, keys, args.impls, cp,
+            [("rel. diff", "rel_diff_vs_sdpa"), ("paged diff", "rel_diff_paged_vs_contiguous")],
+            "Decode appends (one new token per row, K and V): median time (GB/s, bytes read + "
+            "written); latency-bound at these sizes.")
     if bulk:
         L.append("")
         L.append(f"Bulk appends (a prefill chunk): median time (GB/s, bytes read + written; copy "
@@ -298,6 +387,8 @@ def render_markdown(run, results, bulk):
                 [bw_cell(r["impls"].get(n)) for n in names] for r in bulk]
         L.append(common.markdown_table(["B", "Tnew", "Hkv", "new K+V"] + names,
                                        [[str(c) for c in x] for x in rows]))
+    if mixed:
+        L += mixed_markdown(args, mixed)
     L += common.skipped_lines(run.notes)
     return "\n".join(L)
 
@@ -305,12 +396,18 @@ def render_markdown(run, results, bulk):
 def main(argv=None) -> int:
     args = parse_args(argv)
     run = common.Run(args, [args.dtype])
-    results, bulk = [], []
+    results, bulk, mixed = [], [], []
 
     def report(final):
-        return run.write(render_markdown(run, results, bulk),
-                         {"decode": results, "bulk_appends": bulk}, final)
+        return run.write(render_markdown(run, results, bulk, mixed),
+                         {"decode": results, "bulk_appends": bulk, "mixed_step": mixed}, final)
 
+    if not run.over_budget("mixed step", "mixed step"):
+        mixed += mixed_step(run.attn_ops, args, run.notes)
+        report(final=False)
+    if args.mixed_only:
+        report(final=True)
+        return 0
     cases = [(b, ctx, hkv) for hkv in args.hkv for ctx in sorted(args.context)
              for b in sorted(args.batch)]
     for ci, (b, ctx, hkv), label in run.each(cases, "decode B={} context={} Hkv={}".format):

@@ -33,12 +33,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 }
 
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& cache_seqlens) {
+                     const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cache_batch_idx) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::kv_cache_append", "")
-                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&)>();
-  op.call(k_cache, v_cache, k, v, cache_seqlens);
+                             .typed<decltype(kv_cache_append)>();
+  op.call(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx);
 }
 
 void paged_kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
@@ -54,29 +53,39 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, c
                                                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                           const std::optional<at::Tensor>& block_table,
                                                           std::optional<double> scale, bool causal,
-                                                          int64_t window_left, int64_t window_right, double softcap) {
+                                                          int64_t window_left, int64_t window_right, double softcap,
+                                                          const std::optional<at::Tensor>& cu_seqlens_q,
+                                                          std::optional<int64_t> max_seqlen_q,
+                                                          const std::optional<at::Tensor>& cache_batch_idx,
+                                                          const std::optional<at::Tensor>& cache_leftpad) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::attention_with_kvcache", "")
                              .typed<decltype(attention_with_kvcache)>();
-  return op.call(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap);
+  return op.call(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap,
+                 cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad);
 }
 
 void mla_cache_append(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
-                      const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& slot_mapping) {
+                      const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& slot_mapping,
+                      const std::optional<at::Tensor>& cache_batch_idx) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::mla_cache_append", "")
                              .typed<decltype(mla_cache_append)>();
-  op.call(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
+  op.call(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
 }
 
 std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope,
                                               const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
                                               double scale, const std::optional<at::Tensor>& block_table,
-                                              bool causal) {
+                                              bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
+                                              std::optional<int64_t> max_seqlen_q,
+                                              const std::optional<at::Tensor>& cache_batch_idx,
+                                              const std::optional<at::Tensor>& cache_leftpad) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::mla_decode", "")
                              .typed<decltype(mla_decode)>();
-  return op.call(q_latent, q_rope, latent_cache, cache_seqlens, scale, block_table, causal);
+  return op.call(q_latent, q_rope, latent_cache, cache_seqlens, scale, block_table, causal, cu_seqlens_q, max_seqlen_q,
+                 cache_batch_idx, cache_leftpad);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> additive_attention(const at::Tensor& qp, const at::Tensor& kp,

@@ -55,8 +55,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 
 // Writes k [batch, seqlen_new, heads_kv, head_dim] (and v) into the contiguous cache
 // k_cache [batch, capacity, heads_kv, head_dim] at each row's current length cache_seqlens[b] (int32).
+// With cache_batch_idx (int32 [batch], distinct), row b goes to cache row cache_batch_idx[b] of a cache with any
+// number of rows.
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& cache_seqlens);
+                     const at::Tensor& cache_seqlens,
+                     const std::optional<at::Tensor>& cache_batch_idx = std::nullopt);
 
 // Writes k [num_tokens, heads_kv, head_dim] (and v) into the paged cache [num_blocks, block_size, heads_kv,
 // head_dim] at slot_mapping[i] (block * block_size + offset; -1 skips the token).
@@ -76,20 +79,33 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
     bool causal = true,
     int64_t window_left = -1,
     int64_t window_right = -1,
-    double softcap = 0.0);
+    double softcap = 0.0,
+    // Serving batches (docs/kvcache_api.md): q packed [total_q, heads_q, head_dim] with cu_seqlens_q
+    // (int32 [batch + 1]) -> out [total_q, heads_q, head_dim_v], lse [heads_q, total_q]; cache_batch_idx
+    // (int32 [batch]) picks each row's cache (or block-table) row; cache_leftpad (int32 [batch]) the cache
+    // position of each row's first key.
+    const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
+    std::optional<int64_t> max_seqlen_q = std::nullopt,
+    const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
+    const std::optional<at::Tensor>& cache_leftpad = std::nullopt);
 
 // MLA: writes [c_kv ; k_pe] rows into a latent cache, contiguous [batch, capacity, d_c + d_rope] (with
 // cache_seqlens) or paged [num_blocks, block_size, d_c + d_rope] (with slot_mapping). Exactly one of the two.
 void mla_cache_append(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                       const std::optional<at::Tensor>& cache_seqlens = std::nullopt,
-                      const std::optional<at::Tensor>& slot_mapping = std::nullopt);
+                      const std::optional<at::Tensor>& slot_mapping = std::nullopt,
+                      const std::optional<at::Tensor>& cache_batch_idx = std::nullopt);
 
 // MLA absorbed decode: q_latent [batch, seqlen_q, heads, d_c], q_rope [batch, seqlen_q, heads, d_rope] over
 // the latent cache -> out_latent [batch, seqlen_q, heads, d_c], lse [batch, heads, seqlen_q].
 std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope,
                                               const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
                                               double scale, const std::optional<at::Tensor>& block_table = std::nullopt,
-                                              bool causal = true);
+                                              bool causal = true,
+                                              const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
+                                              std::optional<int64_t> max_seqlen_q = std::nullopt,
+                                              const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
+                                              const std::optional<at::Tensor>& cache_leftpad = std::nullopt);
 
 // Additive (Bahdanau) attention, score_ij = w . tanh(qp_i + kp_j), streamed over keys (never
 // [batch, query_len, key_len, hidden]): qp [batch, query_len, hidden], kp [batch, key_len, hidden], w [hidden],

@@ -30,7 +30,8 @@ void check_cu_seqlens_meta(const char* op, const char* name, const at::Tensor& c
   check_same_device(op, name, cu, "q", q);
 }
 
-// Reads cu_seqlens (copying it to the host if needed) and checks its values; returns the longest sequence.
+}  // namespace
+
 int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu, int64_t total,
                                 const char* tensor_name) {
   const at::Tensor host = cu.to(at::kCPU).contiguous();
@@ -55,8 +56,6 @@ void check_max_seqlen(const char* op, const char* name, const char* cu_name, std
                 cu_name, " (", longest, ")");
   }
 }
-
-}  // namespace
 
 void check_head_dims(const char* op, const c10::SymInt& head_dim_qk, const c10::SymInt& head_dim_v) {
   TORCH_CHECK(head_dim_qk >= 1 && head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",

@@ -1,6 +1,8 @@
 // Argument checks of attention_with_kvcache, shared by every backend, and its Meta kernel.
 #include "attention/validation.h"
 
+#include "attention/serving.h"
+
 #include "common/checks.h"
 
 #include <ATen/ATen.h>
@@ -9,7 +11,8 @@
 namespace attn_ops {
 
 void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seqlens, const at::Tensor& block_table,
-                                    int64_t capacity, int64_t block_size, int64_t num_blocks) {
+                                    int64_t capacity, int64_t block_size, int64_t num_blocks,
+                                    const at::Tensor& table_rows, const at::Tensor& first_key) {
   const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
   const int32_t* len = lens.const_data_ptr<int32_t>();
   const at::Tensor table = block_table.defined() ? block_table.to(at::kCPU).contiguous() : at::Tensor();
@@ -22,9 +25,11 @@ void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seql
     }
     TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
                 capacity, " (max_blocks_per_seq ", table.size(1), " x block_size ", block_size, ")");
-    const int32_t* row = table.const_data_ptr<int32_t>() + b * table.size(1);
-    for (int64_t j = 0; j * block_size < len[b]; ++j) {
-      TORCH_CHECK(row[j] >= 0 && row[j] < num_blocks, op, ": block_table[", b, ", ", j, "] = ", row[j],
+    const int64_t t = table_rows.defined() ? table_rows.const_data_ptr<int32_t>()[b] : b;
+    const int32_t* row = table.const_data_ptr<int32_t>() + t * table.size(1);
+    const int64_t first = first_key.defined() ? first_key.const_data_ptr<int32_t>()[b] : 0;
+    for (int64_t j = first / block_size; j * block_size < len[b]; ++j) {
+      TORCH_CHECK(row[j] >= 0 && row[j] < num_blocks, op, ": block_table[", t, ", ", j, "] = ", row[j],
                   " is out of range [0, ", num_blocks, ")");
     }
   }
@@ -34,10 +39,15 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
                                                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                           const std::optional<at::Tensor>& block_table,
                                                           std::optional<double> scale, int64_t window_left,
-                                                          int64_t window_right, double softcap) {
+                                                          int64_t window_right, double softcap,
+                                                          const KvCacheRows& rows) {
   const char* op = "attn_ops.attention_with_kvcache";
   const bool paged = block_table.has_value();
-  check_rank(op, "q", q, 4, "[batch, seqlen_q, heads_q, head_dim]");
+  if (rows.packed()) {
+    check_rank(op, "q", q, 3, "[total_q, heads_q, head_dim]", " when cu_seqlens_q is given");
+  } else {
+    check_rank(op, "q", q, 4, "[batch, seqlen_q, heads_q, head_dim]");
+  }
   if (paged) {
     check_rank(op, "k_cache", k_cache, 4, "[num_blocks, block_size, heads_kv, head_dim]", " when block_table is given");
     check_rank(op, "v_cache", v_cache, 4, "[num_blocks, block_size, heads_kv, head_dim_v]",
@@ -55,13 +65,15 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
 
   KvCacheAttentionShape s;
   s.paged = paged;
-  s.batch = q.sym_size(0);
-  s.seqlen_q = q.sym_size(1);
-  s.heads_q = q.sym_size(2);
+  s.packed = rows.packed();
+  s.batch = check_kvcache_rows(op, rows, q, "q");
+  s.seqlen_q = s.packed ? q.sym_size(0) : q.sym_size(1);
+  s.heads_q = q.sym_size(-2);
   s.heads_kv = k_cache.sym_size(2);
-  s.head_dim = q.sym_size(3);
+  s.head_dim = q.sym_size(-1);
   s.head_dim_v = v_cache.sym_size(3);
-  if (!paged) {
+  const bool selected = rows.cache_batch_idx.has_value();  // the cache holds any number of rows
+  if (!paged && !selected) {
     TORCH_CHECK(k_cache.sym_size(0) == s.batch, op, ": k_cache must have batch size ", s.batch, " (as q), got ",
                 k_cache.sym_size(0));
   }
@@ -81,19 +93,27 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
   if (paged) {
     const at::Tensor& table = *block_table;
     check_index_tensor(op, "block_table", table, /*allow_int64=*/false,
-                       table.dim() == 2 && table.sym_size(0) == s.batch,
-                       c10::str("[", s.batch, ", max_blocks_per_seq]"));
+                       table.dim() == 2 && (selected || table.sym_size(0) == s.batch),
+                       c10::str("[", selected ? std::string("table_rows") : c10::str(s.batch), ", max_blocks_per_seq]"));
     check_same_device(op, "block_table", table, "q", q);
     s.capacity = table.sym_size(1) * k_cache.sym_size(1);
   } else {
     s.capacity = k_cache.sym_size(1);
   }
 
-  if (can_read_values(cache_seqlens)) {
-    check_cache_lengths_and_blocks(op, cache_seqlens, paged ? *block_table : at::Tensor(),
-                                   s.capacity.expect_int(), paged ? k_cache.size(1) : 0, paged ? k_cache.size(0) : 0);
+  if (can_read_values(cache_seqlens) && can_read_values(q)) {
+    check_kvcache_row_values(op, rows, s.seqlen_q.expect_int(), paged ? block_table->size(0) : k_cache.size(0),
+                             paged ? "block_table" : "k_cache", cache_seqlens, paged ? *block_table : at::Tensor(),
+                             s.capacity.expect_int(), paged ? k_cache.size(1) : 0, paged ? k_cache.size(0) : 0);
   }
   return s;
+}
+
+std::pair<std::vector<c10::SymInt>, std::vector<c10::SymInt>> kvcache_output_shapes(const KvCacheAttentionShape& s) {
+  if (s.packed) {
+    return {{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}};
+  }
+  return {{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q}};
 }
 
 namespace {
@@ -104,12 +124,17 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_meta(const at::Tensor&
                                                                const std::optional<at::Tensor>& block_table,
                                                                std::optional<double> scale, bool causal,
                                                                int64_t window_left, int64_t window_right,
-                                                               double softcap) {
+                                                               double softcap,
+                                                               const std::optional<at::Tensor>& cu_seqlens_q,
+                                                               std::optional<int64_t> max_seqlen_q,
+                                                               const std::optional<at::Tensor>& cache_batch_idx,
+                                                               const std::optional<at::Tensor>& cache_leftpad) {
+  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
   const KvCacheAttentionShape s = check_attention_with_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table,
-                                                                      scale, window_left, window_right, softcap);
-  at::Tensor out = at::empty_symint({s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, q.options());
-  at::Tensor lse = at::empty_symint({s.batch, s.heads_q, s.seqlen_q},
-                                    q.options().dtype(attention_lse_dtype(q.scalar_type())));
+                                                                      scale, window_left, window_right, softcap, rows);
+  const auto [out_shape, lse_shape] = kvcache_output_shapes(s);
+  at::Tensor out = at::empty_symint(out_shape, q.options());
+  at::Tensor lse = at::empty_symint(lse_shape, q.options().dtype(attention_lse_dtype(q.scalar_type())));
   return {out, lse};
 }
 

@@ -13,11 +13,11 @@
 namespace attn_ops {
 
 // A backend's attention of q [B, Tq, Hq, D] over a contiguous or paged cache, arguments already validated:
-// (q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap).
+// (q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap, rows).
 using KvCacheAttentionFn = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&,
                                                                   const at::Tensor&, const at::Tensor&,
                                                                   const std::optional<at::Tensor>&, double, bool,
-                                                                  int64_t, int64_t, double);
+                                                                  int64_t, int64_t, double, const KvCacheRows&);
 
 template <KvCacheAttentionFn kvcache_attention>
 std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q, const at::Tensor& k_cache,
@@ -25,12 +25,17 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q
                                                              const std::optional<at::Tensor>& block_table,
                                                              std::optional<double> scale, bool causal,
                                                              int64_t window_left, int64_t window_right,
-                                                             double softcap) {
+                                                             double softcap,
+                                                             const std::optional<at::Tensor>& cu_seqlens_q,
+                                                             std::optional<int64_t> max_seqlen_q,
+                                                             const std::optional<at::Tensor>& cache_batch_idx,
+                                                             const std::optional<at::Tensor>& cache_leftpad) {
+  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
   check_attention_with_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, window_left, window_right,
-                                      softcap);
+                                      softcap, rows);
   return kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table,
-                           scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3)))), causal, window_left,
-                           window_right, softcap);
+                           scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))), causal, window_left,
+                           window_right, softcap, rows);
 }
 
 }  // namespace attn_ops

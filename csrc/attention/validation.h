@@ -4,9 +4,12 @@
 // under torch.compile's dynamic shapes.
 #pragma once
 
+#include "attention/serving.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace attn_ops {
@@ -84,10 +87,12 @@ c10::ScalarType attention_lse_dtype(c10::ScalarType input_dtype);
 
 double attention_scale(const AttentionShape& shape, const AttentionOptions& opts);
 
-// attention_with_kvcache: q [B, Tq, Hq, D] over a contiguous cache [B, capacity, Hkv, D] or, with
-// block_table [B, max_blocks_per_seq], a paged one [num_blocks, block_size, Hkv, D].
+// attention_with_kvcache: q [B, Tq, Hq, D] (or packed [total_q, Hq, D] with cu_seqlens_q) over a contiguous
+// cache [B, capacity, Hkv, D] or, with block_table [B, max_blocks_per_seq], a paged one
+// [num_blocks, block_size, Hkv, D] (with cache_batch_idx, any number of cache / block-table rows).
 struct KvCacheAttentionShape {
   bool paged = false;
+  bool packed = false;  // q packed: seqlen_q is then total_q
   c10::SymInt batch, seqlen_q, heads_q, heads_kv, head_dim, head_dim_v;
   c10::SymInt capacity;  // keys one row can hold: cache dim 1, or max_blocks_per_seq * block_size
 };
@@ -97,12 +102,28 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
                                                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                           const std::optional<at::Tensor>& block_table,
                                                           std::optional<double> scale, int64_t window_left,
-                                                          int64_t window_right, double softcap);
+                                                          int64_t window_right, double softcap,
+                                                          const KvCacheRows& rows);
+
+// (out, lse) shapes: [B, Tq, Hq, Dv] and [B, Hq, Tq], or packed [total_q, Hq, Dv] and [Hq, total_q].
+std::pair<std::vector<c10::SymInt>, std::vector<c10::SymInt>> kvcache_output_shapes(const KvCacheAttentionShape& s);
 
 // Values of cache_seqlens (0 <= len <= capacity) and, for a paged cache, of the block-table entries each
 // row uses (in [0, num_blocks)). Call it only on tensors that hold data (not meta / fake ones);
-// block_table is undefined (and block_size, num_blocks unused) for a contiguous cache.
+// block_table is undefined (and block_size, num_blocks unused) for a contiguous cache. `table_rows`
+// (host int32 [B], checked in range) picks the block-table row of each batch row, `first_key` (host int32
+// [B]) the cache position of its first key (cache_leftpad); either may be undefined (row b, position 0).
 void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seqlens, const at::Tensor& block_table,
-                                    int64_t capacity, int64_t block_size, int64_t num_blocks);
+                                    int64_t capacity, int64_t block_size, int64_t num_blocks,
+                                    const at::Tensor& table_rows = at::Tensor(),
+                                    const at::Tensor& first_key = at::Tensor());
+
+// Reads cu_seqlens (copying it to the host if needed) and checks its values (starts at 0, non-decreasing,
+// ends at `total`, the token count of `tensor_name`); returns the longest sequence.
+int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu, int64_t total,
+                                const char* tensor_name);
+// max_seqlen (when given) is at least `longest`, the longest sequence of `cu_name`.
+void check_max_seqlen(const char* op, const char* name, const char* cu_name, std::optional<int64_t> max_seqlen,
+                      int64_t longest);
 
 }  // namespace attn_ops

@@ -2,6 +2,7 @@
 // return nothing).
 #include "cache/validation.h"
 
+#include "attention/serving.h"
 #include "common/checks.h"
 
 #include <ATen/ATen.h>
@@ -25,10 +26,11 @@ void check_cache_tensors(const char* op, const at::Tensor& k_cache, const at::Te
 }
 
 // k_cache and v_cache are written: neither may overlap itself or any other argument.
+// `rows` is the second index argument (cache_batch_idx), or `index` again when there is none.
 void check_cache_targets(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                         const at::Tensor& v, const NamedTensor& index) {
-  check_in_place_target(op, {"k_cache", k_cache}, {{"v_cache", v_cache}, {"k", k}, {"v", v}, index});
-  check_in_place_target(op, {"v_cache", v_cache}, {{"k", k}, {"v", v}, index});
+                         const at::Tensor& v, const NamedTensor& index, const NamedTensor& rows) {
+  check_in_place_target(op, {"k_cache", k_cache}, {{"v_cache", v_cache}, {"k", k}, {"v", v}, index, rows});
+  check_in_place_target(op, {"v_cache", v_cache}, {{"k", k}, {"v", v}, index, rows});
 }
 
 }  // namespace
@@ -55,7 +57,8 @@ void check_slot_values(const char* op, const at::Tensor& slot_mapping, int64_t n
 }
 
 void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                                  const at::Tensor& v, const at::Tensor& cache_seqlens) {
+                                  const at::Tensor& v, const at::Tensor& cache_seqlens,
+                                  const std::optional<at::Tensor>& cache_batch_idx) {
   const char* op = "attn_ops.kv_cache_append";
   check_rank(op, "k_cache", k_cache, 4, "[batch, capacity, heads_kv, head_dim]");
   check_rank(op, "v_cache", v_cache, 4, "[batch, capacity, heads_kv, head_dim_v]");
@@ -66,20 +69,29 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
   TORCH_CHECK(v_cache.sym_size(0) == kc[0] && v_cache.sym_size(1) == kc[1] && v_cache.sym_size(2) == kc[2], op,
               ": v_cache must have shape [", kc[0], ", ", kc[1], ", ", kc[2],
               ", *] (batch, capacity, heads_kv of k_cache), got ", shape_str(v_cache));
-  TORCH_CHECK(k.sym_size(0) == kc[0] && k.sym_size(2) == kc[2] && k.sym_size(3) == kc[3], op, ": k must have shape [",
-              kc[0], ", *, ", kc[2], ", ", kc[3], "] (batch, heads_kv, head_dim of k_cache), got ", shape_str(k));
+  // With cache_batch_idx, the batch is k's and the cache holds any number of rows.
+  const bool selected = cache_batch_idx.has_value();
+  const c10::SymInt batch = selected ? k.sym_size(0) : kc[0];
+  TORCH_CHECK(k.sym_size(0) == batch && k.sym_size(2) == kc[2] && k.sym_size(3) == kc[3], op,
+              ": k must have shape [", selected ? std::string("*") : c10::str(kc[0]), ", *, ", kc[2], ", ", kc[3],
+              "] (", selected ? "" : "batch, ", "heads_kv, head_dim of k_cache), got ", shape_str(k));
   TORCH_CHECK(v.sym_size(0) == k.sym_size(0) && v.sym_size(1) == k.sym_size(1) && v.sym_size(2) == k.sym_size(2) &&
                   v.sym_size(3) == v_cache.sym_size(3),
               op, ": v must have shape [", k.sym_size(0), ", ", k.sym_size(1), ", ", k.sym_size(2), ", ",
               v_cache.sym_size(3), "] (batch, seqlen_new, heads_kv of k and head_dim_v of v_cache), got ",
               shape_str(v));
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
-                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == kc[0], shape_str({kc[0]}));
+                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == batch, shape_str({batch}));
   check_same_device(op, "cache_seqlens", cache_seqlens, "k_cache", k_cache);
+  if (selected) {
+    check_write_batch_idx(op, *cache_batch_idx, batch, kc[0], "k_cache", k_cache);
+  }
   if (can_read_values(cache_seqlens)) {
     check_append_lengths(op, cache_seqlens, k.size(1), k_cache.size(1));
   }
-  check_cache_targets(op, k_cache, v_cache, k, v, {"cache_seqlens", cache_seqlens});
+  const at::Tensor& index = selected ? *cache_batch_idx : cache_seqlens;
+  check_cache_targets(op, k_cache, v_cache, k, v, {"cache_seqlens", cache_seqlens},
+                      {selected ? "cache_batch_idx" : "cache_seqlens", index});
 }
 
 void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
@@ -105,14 +117,15 @@ void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Ten
   if (can_read_values(slot_mapping)) {
     check_slot_values(op, slot_mapping, k_cache.size(0), k_cache.size(1));
   }
-  check_cache_targets(op, k_cache, v_cache, k, v, {"slot_mapping", slot_mapping});
+  check_cache_targets(op, k_cache, v_cache, k, v, {"slot_mapping", slot_mapping}, {"slot_mapping", slot_mapping});
 }
 
 namespace {
 
 void kv_cache_append_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                          const at::Tensor& v, const at::Tensor& cache_seqlens) {
-  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens);
+                          const at::Tensor& v, const at::Tensor& cache_seqlens,
+                          const std::optional<at::Tensor>& cache_batch_idx) {
+  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx);
 }
 
 void paged_kv_cache_append_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,

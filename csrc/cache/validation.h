@@ -4,12 +4,17 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 namespace attn_ops {
 
 // kv_cache_append: k_cache [B, capacity, Hkv, Dk], v_cache [B, capacity, Hkv, Dv], k [B, Tnew, Hkv, Dk],
-// v [B, Tnew, Hkv, Dv], cache_seqlens int32 [B] (its values are checked when the tensors hold data).
+// v [B, Tnew, Hkv, Dv], cache_seqlens int32 [B] (its values are checked when the tensors hold data). With
+// cache_batch_idx (int32 [B], distinct values), the caches have any number of rows and row b of k goes to
+// cache row cache_batch_idx[b].
 void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                                  const at::Tensor& v, const at::Tensor& cache_seqlens);
+                                  const at::Tensor& v, const at::Tensor& cache_seqlens,
+                                  const std::optional<at::Tensor>& cache_batch_idx);
 
 // paged_kv_cache_append: k_cache [num_blocks, block_size, Hkv, Dk], v_cache [.., Dv], k [N, Hkv, Dk],
 // v [N, Hkv, Dv], slot_mapping int32/int64 [N] with values in [-1, num_blocks * block_size).

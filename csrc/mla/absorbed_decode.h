@@ -14,15 +14,19 @@ template <KvCacheAttentionFn kvcache_attention>
 std::tuple<at::Tensor, at::Tensor> mla_decode_on(const at::Tensor& q_latent, const at::Tensor& q_rope,
                                                  const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
                                                  double scale, const std::optional<at::Tensor>& block_table,
-                                                 bool causal) {
-  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale);
+                                                 bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
+                                                 std::optional<int64_t> max_seqlen_q,
+                                                 const std::optional<at::Tensor>& cache_batch_idx,
+                                                 const std::optional<at::Tensor>& cache_leftpad) {
+  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
+  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale, rows);
   const int64_t d_c = q_latent.size(-1);
-  // q [B, Tq, H, d_c + d_rope]; keys: the whole cache row; values: its first d_c features; one KV head.
+  // q [B, Tq, H, d_c + d_rope] (or packed [total_q, H, ..]); keys: the whole cache row; values: its first d_c features; one KV head.
   const at::Tensor q = at::cat({q_latent, q_rope}, -1);
   const at::Tensor keys = latent_cache.unsqueeze(-2);
   const at::Tensor values = latent_cache.narrow(-1, 0, d_c).unsqueeze(-2);
   return kvcache_attention(q, keys, values, cache_seqlens, block_table, scale, causal, /*window_left=*/-1,
-                           /*window_right=*/-1, /*softcap=*/0.0);
+                           /*window_right=*/-1, /*softcap=*/0.0, rows);
 }
 
 }  // namespace attn_ops

@@ -1,6 +1,7 @@
 // Argument checks of the MLA ops and their Meta kernels.
 #include "mla/validation.h"
 
+#include "attention/serving.h"
 #include "attention/validation.h"
 #include "cache/validation.h"
 #include "common/checks.h"
@@ -27,12 +28,17 @@ void check_latent_width(const char* op, const at::Tensor& latent_cache, const ch
 
 void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                                    const std::optional<at::Tensor>& cache_seqlens,
-                                   const std::optional<at::Tensor>& slot_mapping) {
+                                   const std::optional<at::Tensor>& slot_mapping,
+                                   const std::optional<at::Tensor>& cache_batch_idx) {
   const char* op = "attn_ops.mla_cache_append";
   TORCH_CHECK(cache_seqlens.has_value() != slot_mapping.has_value(), op,
               ": exactly one of cache_seqlens (contiguous cache) and slot_mapping (paged cache) must be given, got ",
               cache_seqlens.has_value() ? "both" : "neither");
   const bool paged = slot_mapping.has_value();
+  const bool selected = cache_batch_idx.has_value();  // the cache holds any number of rows
+  TORCH_CHECK(!(paged && selected), op,
+              ": cache_batch_idx selects rows of a contiguous cache; with slot_mapping (paged cache) the slots "
+              "already say where each token goes");
   if (paged) {
     check_rank(op, "latent_cache", latent_cache, 3, "[num_blocks, block_size, kv_lora_rank + rope_dim]",
                " when slot_mapping is given");
@@ -63,28 +69,40 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
     }
   } else {
     const at::Tensor& lens = *cache_seqlens;
-    TORCH_CHECK(c_kv.sym_size(0) == latent_cache.sym_size(0), op, ": c_kv must have batch size ",
-                latent_cache.sym_size(0), " (as latent_cache), got ", c_kv.sym_size(0));
-    check_index_tensor(op, "cache_seqlens", lens, /*allow_int64=*/false,
-                       lens.dim() == 1 && lens.sym_size(0) == latent_cache.sym_size(0),
-                       shape_str({latent_cache.sym_size(0)}));
+    const c10::SymInt batch = selected ? c_kv.sym_size(0) : latent_cache.sym_size(0);
+    TORCH_CHECK(c_kv.sym_size(0) == batch, op, ": c_kv must have batch size ", batch, " (as latent_cache), got ",
+                c_kv.sym_size(0));
+    check_index_tensor(op, "cache_seqlens", lens, /*allow_int64=*/false, lens.dim() == 1 && lens.sym_size(0) == batch,
+                       shape_str({batch}));
     check_same_device(op, "cache_seqlens", lens, "latent_cache", latent_cache);
+    if (selected) {
+      check_write_batch_idx(op, *cache_batch_idx, batch, latent_cache.sym_size(0), "latent_cache", latent_cache);
+    }
     if (can_read_values(lens)) {
       check_append_lengths(op, lens, c_kv.size(1), latent_cache.size(1));
     }
   }
   const at::Tensor& index = paged ? *slot_mapping : *cache_seqlens;
+  const at::Tensor& rows = selected ? *cache_batch_idx : index;
   check_in_place_target(op, {"latent_cache", latent_cache},
-                        {{"c_kv", c_kv}, {"k_pe", k_pe}, {paged ? "slot_mapping" : "cache_seqlens", index}});
+                        {{"c_kv", c_kv},
+                         {"k_pe", k_pe},
+                         {paged ? "slot_mapping" : "cache_seqlens", index},
+                         {selected ? "cache_batch_idx" : (paged ? "slot_mapping" : "cache_seqlens"), rows}});
 }
 
 void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
                              const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                             double scale) {
+                             double scale, const KvCacheRows& rows) {
   const char* op = "attn_ops.mla_decode";
   const bool paged = block_table.has_value();
-  check_rank(op, "q_latent", q_latent, 4, "[batch, seqlen_q, heads, kv_lora_rank]");
-  check_rank(op, "q_rope", q_rope, 4, "[batch, seqlen_q, heads, rope_dim]");
+  if (rows.packed()) {
+    check_rank(op, "q_latent", q_latent, 3, "[total_q, heads, kv_lora_rank]", " when cu_seqlens_q is given");
+    check_rank(op, "q_rope", q_rope, 3, "[total_q, heads, rope_dim]", " when cu_seqlens_q is given");
+  } else {
+    check_rank(op, "q_latent", q_latent, 4, "[batch, seqlen_q, heads, kv_lora_rank]");
+    check_rank(op, "q_rope", q_rope, 4, "[batch, seqlen_q, heads, rope_dim]");
+  }
   if (paged) {
     check_rank(op, "latent_cache", latent_cache, 3, "[num_blocks, block_size, kv_lora_rank + rope_dim]",
                " when block_table is given");
@@ -97,32 +115,39 @@ void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rop
   check_last_dim_contiguous(op, "q_latent", q_latent);
   check_last_dim_contiguous(op, "q_rope", q_rope);
   check_last_dim_contiguous(op, "latent_cache", latent_cache);
-  const auto& ql = q_latent.sym_sizes();
-  TORCH_CHECK(q_rope.sym_size(0) == ql[0] && q_rope.sym_size(1) == ql[1] && q_rope.sym_size(2) == ql[2], op,
-              ": q_rope must have shape [", ql[0], ", ", ql[1], ", ", ql[2],
-              ", *] (batch, seqlen_q, heads of q_latent), got ", shape_str(q_rope));
-  check_latent_width(op, latent_cache, "q_latent", ql[3], "q_rope", q_rope.sym_size(3));
+  const c10::SymIntArrayRef lead = q_latent.sym_sizes().slice(0, q_latent.dim() - 1);
+  TORCH_CHECK(q_rope.sym_sizes().slice(0, q_rope.dim() - 1) == lead, op, ": q_rope must have shape ",
+              shape_str(lead).insert(shape_str(lead).size() - 1, ", *"),
+              rows.packed() ? " (total_q, heads of q_latent), got " : " (batch, seqlen_q, heads of q_latent), got ",
+              shape_str(q_rope));
+  const c10::SymInt heads = q_latent.sym_size(-2);
+  check_latent_width(op, latent_cache, "q_latent", q_latent.sym_size(-1), "q_rope", q_rope.sym_size(-1));
   // One latent KV head shared by every query head (MQA).
-  TORCH_CHECK(ql[2] >= 1, op, ": q_latent must have at least 1 head, got ", ql[2]);
-  if (!paged) {
-    TORCH_CHECK(latent_cache.sym_size(0) == ql[0], op, ": latent_cache must have batch size ", ql[0],
+  TORCH_CHECK(heads >= 1, op, ": q_latent must have at least 1 head, got ", heads);
+  const c10::SymInt batch = check_kvcache_rows(op, rows, q_latent, "q_latent");
+  const bool selected = rows.cache_batch_idx.has_value();  // the cache holds any number of rows
+  if (!paged && !selected) {
+    TORCH_CHECK(latent_cache.sym_size(0) == batch, op, ": latent_cache must have batch size ", batch,
                 " (as q_latent), got ", latent_cache.sym_size(0));
   }
   check_score_options(op, q_latent.scalar_type(), scale, -1, -1, 0.0);
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
-                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == ql[0], shape_str({ql[0]}));
+                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == batch, shape_str({batch}));
   check_same_device(op, "cache_seqlens", cache_seqlens, "q_latent", q_latent);
   c10::SymInt capacity = latent_cache.sym_size(1);
   if (paged) {
     const at::Tensor& table = *block_table;
-    check_index_tensor(op, "block_table", table, /*allow_int64=*/false, table.dim() == 2 && table.sym_size(0) == ql[0],
-                       c10::str("[", ql[0], ", max_blocks_per_seq]"));
+    check_index_tensor(op, "block_table", table, /*allow_int64=*/false,
+                       table.dim() == 2 && (selected || table.sym_size(0) == batch),
+                       c10::str("[", selected ? std::string("table_rows") : c10::str(batch), ", max_blocks_per_seq]"));
     check_same_device(op, "block_table", table, "q_latent", q_latent);
     capacity = table.sym_size(1) * latent_cache.sym_size(1);
   }
-  if (can_read_values(cache_seqlens)) {
-    check_cache_lengths_and_blocks(op, cache_seqlens, paged ? *block_table : at::Tensor(), capacity.expect_int(),
-                                   paged ? latent_cache.size(1) : 0, paged ? latent_cache.size(0) : 0);
+  if (can_read_values(cache_seqlens) && can_read_values(q_latent)) {
+    check_kvcache_row_values(op, rows, q_latent.size(0), paged ? block_table->size(0) : latent_cache.size(0),
+                             paged ? "block_table" : "latent_cache", cache_seqlens,
+                             paged ? *block_table : at::Tensor(), capacity.expect_int(),
+                             paged ? latent_cache.size(1) : 0, paged ? latent_cache.size(0) : 0);
   }
 }
 
@@ -130,19 +155,25 @@ namespace {
 
 void mla_cache_append_meta(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
-                           const std::optional<at::Tensor>& slot_mapping) {
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
+                           const std::optional<at::Tensor>& slot_mapping,
+                           const std::optional<at::Tensor>& cache_batch_idx) {
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
 }
 
 std::tuple<at::Tensor, at::Tensor> mla_decode_meta(const at::Tensor& q_latent, const at::Tensor& q_rope,
                                                    const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
                                                    double scale, const std::optional<at::Tensor>& block_table,
-                                                   bool causal) {
-  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale);
+                                                   bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
+                                                   std::optional<int64_t> max_seqlen_q,
+                                                   const std::optional<at::Tensor>& cache_batch_idx,
+                                                   const std::optional<at::Tensor>& cache_leftpad) {
+  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
+  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale, rows);
   const auto& s = q_latent.sym_sizes();
+  const std::vector<c10::SymInt> lse_shape =
+      rows.packed() ? std::vector<c10::SymInt>{s[1], s[0]} : std::vector<c10::SymInt>{s[0], s[2], s[1]};
   at::Tensor out = at::empty_symint(s, q_latent.options());
-  at::Tensor lse =
-      at::empty_symint({s[0], s[2], s[1]}, q_latent.options().dtype(attention_lse_dtype(q_latent.scalar_type())));
+  at::Tensor lse = at::empty_symint(lse_shape, q_latent.options().dtype(attention_lse_dtype(q_latent.scalar_type())));
   return {out, lse};
 }
 

@@ -1,6 +1,8 @@
 // Argument checks of the MLA ops (mla_cache_append, mla_decode), shared by every backend (CPU, CUDA, Meta).
 #pragma once
 
+#include "attention/serving.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <optional>
@@ -8,15 +10,18 @@
 namespace attn_ops {
 
 // latent_cache [B, capacity, d_c + d_rope] with cache_seqlens, or [num_blocks, block_size, d_c + d_rope]
-// with slot_mapping; c_kv [B, Tnew, d_c] / [N, d_c]; k_pe [B, Tnew, d_rope] / [N, d_rope].
+// with slot_mapping; c_kv [B, Tnew, d_c] / [N, d_c]; k_pe [B, Tnew, d_rope] / [N, d_rope]. cache_batch_idx
+// (contiguous only; int32 [B], distinct): row b goes to cache row cache_batch_idx[b] of a cache of any rows.
 void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                                    const std::optional<at::Tensor>& cache_seqlens,
-                                   const std::optional<at::Tensor>& slot_mapping);
+                                   const std::optional<at::Tensor>& slot_mapping,
+                                   const std::optional<at::Tensor>& cache_batch_idx);
 
-// q_latent [B, Tq, H, d_c], q_rope [B, Tq, H, d_rope] over latent_cache [B, capacity, d_c + d_rope] or,
-// with block_table [B, max_blocks_per_seq], [num_blocks, block_size, d_c + d_rope].
+// q_latent [B, Tq, H, d_c], q_rope [B, Tq, H, d_rope] (packed [total_q, H, *] with rows.cu_seqlens_q) over
+// latent_cache [B, capacity, d_c + d_rope] or, with block_table [B, max_blocks_per_seq],
+// [num_blocks, block_size, d_c + d_rope] (any number of cache / block-table rows with cache_batch_idx).
 void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
                              const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                             double scale);
+                             double scale, const KvCacheRows& rows);
 
 }  // namespace attn_ops

@@ -150,9 +150,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   return {dq, dk, dv};
 }
 
-// Layout of a KV cache: [batch, capacity, heads, dim] rows, or [num_blocks, block_size, heads, dim] blocks
-// addressed through the block table.
-KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor* block_table, int64_t batch) {
+// Int32 [batch] per-row values (cache_batch_idx, cache_leftpad), or `fallback(b)` when not given.
+template <typename Fallback>
+std::vector<int64_t> row_values(const std::optional<at::Tensor>& t, int64_t batch, const Fallback& fallback) {
+  std::vector<int64_t> out(batch);
+  const at::Tensor host = t.has_value() ? t->contiguous() : at::Tensor();
+  for (int64_t b = 0; b < batch; ++b) {
+    out[b] = host.defined() ? host.const_data_ptr<int32_t>()[b] : fallback(b);
+  }
+  return out;
+}
+
+// Layout of a KV cache: [rows, capacity, heads, dim] rows, or [num_blocks, block_size, heads, dim] blocks
+// addressed through the block table. Sequence b reads cache (or block-table) row cache_row[b], from cache
+// position first_key[b] on.
+KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor* block_table, const std::vector<int64_t>& cache_row,
+                       const std::vector<int64_t>& first_key, bool left_padded) {
   KeyLayout l;
   l.rows.seq_stride = stride_of(cache, 1);
   l.rows.head_stride = stride_of(cache, 2);
@@ -161,10 +174,14 @@ KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor* block_table, i
     l.block_table_stride = stride_of(*block_table, 0);
     l.block_size = cache.size(1);
     l.block_stride = stride_of(cache, 0);
+    l.table_row = cache_row;
+    if (left_padded) {
+      l.first_key = first_key;
+    }
   } else {
-    l.rows.base.resize(batch);
-    for (int64_t b = 0; b < batch; ++b) {
-      l.rows.base[b] = b * stride_of(cache, 0);
+    l.rows.base.resize(cache_row.size());
+    for (size_t b = 0; b < cache_row.size(); ++b) {
+      l.rows.base[b] = cache_row[b] * stride_of(cache, 0) + first_key[b] * l.rows.seq_stride;
     }
   }
   return l;
@@ -176,43 +193,54 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
                                                      const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                      const std::optional<at::Tensor>& block_table, double scale,
                                                      bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap) {
-  const int64_t batch = q.size(0), seqlen_q = q.size(1);
-  at::Tensor out = at::empty({batch, seqlen_q, q.size(2), v_cache.size(3)}, q.options());
-  at::Tensor lse = at::empty({batch, q.size(2), seqlen_q}, q.options().dtype(attention_lse_dtype(q.scalar_type())));
+                                                     double softcap, const KvCacheRows& rows) {
+  const bool packed = rows.packed();
+  const int64_t batch = cache_seqlens.size(0), heads_q = q.size(-2), tokens_q = packed ? q.size(0) : q.size(1);
+  const auto out_shape = packed ? std::vector<int64_t>{tokens_q, heads_q, v_cache.size(3)}
+                                : std::vector<int64_t>{batch, tokens_q, heads_q, v_cache.size(3)};
+  const auto lse_shape = packed ? std::vector<int64_t>{heads_q, tokens_q} : std::vector<int64_t>{batch, heads_q, tokens_q};
+  at::Tensor out = at::empty(out_shape, q.options());
+  at::Tensor lse = at::empty(lse_shape, q.options().dtype(attention_lse_dtype(q.scalar_type())));
 
-  // The queries are the last seqlen_q of each row's cache_seqlens[b] keys.
+  // Row b's keys are cache positions first_key[b] .. cache_seqlens[b] - 1 of cache row cache_row[b]; its
+  // queries are the last len_q[b] of them (bottom-right alignment).
+  const std::vector<int64_t> cache_row = row_values(rows.cache_batch_idx, batch, [](int64_t b) { return b; });
+  const std::vector<int64_t> first_key = row_values(rows.cache_leftpad, batch, [](int64_t) { return int64_t{0}; });
+  const std::vector<int64_t> cu_q =
+      packed ? row_values(rows.cu_seqlens_q, batch + 1, [](int64_t) { return int64_t{0}; }) : std::vector<int64_t>{};
   AttentionProblem p;
   p.batch = batch;
-  p.heads_q = q.size(2);
+  p.heads_q = heads_q;
   p.heads_kv = k_cache.size(2);
   p.group = p.heads_q / p.heads_kv;
-  p.dim_qk = q.size(3);
+  p.dim_qk = q.size(-1);
   p.dim_v = v_cache.size(3);
   p.scale = scale;
   p.softcap = softcap;
-  p.total_q = batch * seqlen_q;
+  p.total_q = packed ? tokens_q : batch * tokens_q;
   const at::Tensor lens = cache_seqlens.contiguous();
   for (int64_t b = 0; b < batch; ++b) {
-    p.len_q.push_back(seqlen_q);
-    p.len_k.push_back(lens.const_data_ptr<int32_t>()[b]);
-    p.token_q.push_back(b * seqlen_q);
+    p.len_q.push_back(packed ? cu_q[b + 1] - cu_q[b] : tokens_q);
+    p.len_k.push_back(lens.const_data_ptr<int32_t>()[b] - first_key[b]);
+    p.token_q.push_back(packed ? cu_q[b] : b * tokens_q);
   }
   p.set_windows(window_left, causal ? 0 : window_right);
 
   const at::Tensor table = block_table.has_value() ? block_table->contiguous() : at::Tensor();
   const at::Tensor* table_ptr = block_table.has_value() ? &table : nullptr;
-  const std::vector<int64_t> no_starts;
-  auto dense = [&](const at::Tensor& t, int64_t seq_dim, int64_t head_dim) {
-    return layout_of(t, p, no_starts, false, seq_dim, head_dim);
+  const bool left_padded = rows.cache_leftpad.has_value();
+  // Queries, outputs and lse: dense [B, Tq, ...] / [B, Hq, Tq], or packed by token_q.
+  auto tokens = [&](const at::Tensor& t) {
+    return packed ? layout_of(t, p, p.token_q, true, 0, 1) : layout_of(t, p, {}, false, 1, 2);
   };
+  const SeqLayout lse_layout = packed ? layout_of(lse, p, p.token_q, true, 1, 0) : layout_of(lse, p, {}, false, 2, 1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
     using acc_t = acc_type<scalar_t>;
     attention_forward_kernel<scalar_t, acc_t>(
-        p, q.const_data_ptr<scalar_t>(), dense(q, 1, 2), k_cache.const_data_ptr<scalar_t>(),
-        cache_layout(k_cache, table_ptr, batch), v_cache.const_data_ptr<scalar_t>(),
-        cache_layout(v_cache, table_ptr, batch), out.mutable_data_ptr<scalar_t>(), dense(out, 1, 2),
-        lse.mutable_data_ptr<acc_t>(), dense(lse, 2, 1));
+        p, q.const_data_ptr<scalar_t>(), tokens(q), k_cache.const_data_ptr<scalar_t>(),
+        cache_layout(k_cache, table_ptr, cache_row, first_key, left_padded), v_cache.const_data_ptr<scalar_t>(),
+        cache_layout(v_cache, table_ptr, cache_row, first_key, left_padded), out.mutable_data_ptr<scalar_t>(),
+        tokens(out), lse.mutable_data_ptr<acc_t>(), lse_layout);
   });
   return {out, lse};
 }

@@ -2,6 +2,7 @@
 // the forward and backward kernels address any BSHD or varlen layout (any strides but the last dim).
 #pragma once
 
+#include "attention/serving.h"
 #include "attention/validation.h"
 
 #include <ATen/core/Tensor.h>
@@ -24,20 +25,28 @@ struct SeqLayout {
 // paged cache ([num_blocks, block_size, heads, dim]) through a block table.
 struct KeyLayout {
   SeqLayout rows;                        // strides within a sequence (or a block); `base` unused when paged
-  const int32_t* block_table = nullptr;  // [batch, max_blocks_per_seq] when paged
+  const int32_t* block_table = nullptr;  // [table_rows, max_blocks_per_seq] when paged
   int64_t block_table_stride = 0;
   int64_t block_size = 0;
   int64_t block_stride = 0;
+  std::vector<int64_t> table_row;  // [batch] when paged: the block-table row of sequence b (cache_batch_idx)
+  std::vector<int64_t> first_key;  // [batch] when paged with cache_leftpad: the cache position of key 0, else empty
 
   int64_t at(int64_t b, int64_t j, int64_t h) const {
     if (block_table == nullptr) {
       return rows.at(b, j, h);
     }
-    const int64_t block = block_table[b * block_table_stride + j / block_size];
+    if (!first_key.empty()) {
+      j += first_key[b];
+    }
+    const int64_t block = block_table[table_row[b] * block_table_stride + j / block_size];
     return block * block_stride + (j % block_size) * rows.seq_stride + h * rows.head_stride;
   }
-  // Whether keys j .. j + n - 1 are equally spaced (rows.seq_stride apart), i.e. within one block.
-  bool uniform(int64_t j, int64_t n) const { return block_table == nullptr || j % block_size + n <= block_size; }
+  // Whether keys j .. j + n - 1 are equally spaced (rows.seq_stride apart), i.e. within one block. With a
+  // left-padded paged cache the block boundaries depend on the sequence, so such tiles are gathered.
+  bool uniform(int64_t j, int64_t n) const {
+    return block_table == nullptr || (first_key.empty() && j % block_size + n <= block_size);
+  }
 };
 
 struct AttentionProblem {
@@ -85,14 +94,15 @@ struct AttentionProblem {
 
 AttentionProblem make_problem(const AttentionShape& shape, const AttentionOptions& opts);
 
-// Attention of q [B, Tq, Hq, Dk] over the first cache_seqlens[b] keys of a contiguous cache
-// [B, capacity, Hkv, D] or, with block_table, a paged one [num_blocks, block_size, Hkv, D]; arguments
+// Attention of q [B, Tq, Hq, Dk] (or packed [total_q, Hq, Dk] with rows.cu_seqlens_q) over the keys
+// cache_leftpad[b] .. cache_seqlens[b] - 1 of cache row cache_batch_idx[b] (default: b) of a contiguous cache
+// [rows, capacity, Hkv, D] or, with block_table, a paged one [num_blocks, block_size, Hkv, D]; arguments
 // already validated. k_cache and v_cache may be views of one tensor (MLA's latent cache).
 std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                      const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                      const std::optional<at::Tensor>& block_table, double scale,
                                                      bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap);
+                                                     double softcap, const KvCacheRows& rows);
 
 
 

@@ -253,33 +253,48 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
                                                      const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                      const std::optional<at::Tensor>& block_table, double scale,
                                                      bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap) {
+                                                     double softcap, const KvCacheRows& rows) {
+  // Packed queries run on the varlen path of the kernels; row selection and left padding do not exist
+  // there yet. mla_decode runs on this function too: the message names both ops.
+  check_rows_not_given("attn_ops.attention_with_kvcache / attn_ops.mla_decode", "CUDA",
+                       KvCacheRows{std::nullopt, std::nullopt, rows.cache_batch_idx, rows.cache_leftpad});
   const c10::cuda::CUDAGuard guard(q.device());
-  const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2);
-  at::Tensor out = at::empty({batch, seqlen_q, heads_q, v_cache.size(3)}, q.options());
-  at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(attention_lse_dtype(q.scalar_type())));
+  const bool packed = rows.packed();
+  const int64_t batch = cache_seqlens.size(0), heads_q = q.size(-2), tokens_q = packed ? q.size(0) : q.size(1);
+  const int64_t dim_v = v_cache.size(3);
+  at::Tensor out = packed ? at::empty({tokens_q, heads_q, dim_v}, q.options())
+                          : at::empty({batch, tokens_q, heads_q, dim_v}, q.options());
+  at::Tensor lse = at::empty(packed ? std::vector<int64_t>{heads_q, tokens_q} : std::vector<int64_t>{batch, heads_q, tokens_q},
+                             q.options().dtype(attention_lse_dtype(q.scalar_type())));
   const at::Tensor lens = cache_seqlens.contiguous();
   const at::Tensor table = block_table.has_value() ? block_table->contiguous() : at::Tensor();
   const int64_t capacity = table.defined() ? table.size(1) * k_cache.size(1) : k_cache.size(1);
+  // Packed: each row's queries start at cu_seqlens_q[b]. SeqInfo reads key offsets whenever it reads query
+  // offsets; all-zero ones leave the keys to cache_seqlens (the cache rows are not packed).
+  const at::Tensor cu_q = packed ? rows.cu_seqlens_q->contiguous() : at::Tensor();
+  const at::Tensor cu_k = packed ? at::zeros({batch + 1}, cu_q.options()) : at::Tensor();
+  const int64_t max_len_q = packed ? longest_sequence(cu_q, rows.max_seqlen_q, tokens_q) : tokens_q;
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
     using A = acc_t<scalar_t>;
     ForwardArgs<scalar_t> a = forward_tensors<scalar_t>(q, k_cache, v_cache, out, lse);
-    a.q_layout = token_layout(q, false);
-    a.out_layout = token_layout(out, false);
+    a.q_layout = token_layout(q, packed);
+    a.out_layout = token_layout(out, packed);
     a.k_layout = cache_layout(k_cache, table);
     a.v_layout = cache_layout(v_cache, table);
-    a.lse_layout = lse_layout(lse, false);
-    // The queries are the last seqlen_q of each row's cache_seqlens[b] keys.
-    a.seqs = SeqInfo{nullptr, nullptr, lens.const_data_ptr<int32_t>(), seqlen_q, capacity};
-    a.window = make_window(window_left, causal ? 0 : window_right, capacity + seqlen_q);
+    a.lse_layout = lse_layout(lse, packed);
+    // The queries are the last len_q of each row's cache_seqlens[b] keys.
+    a.seqs = SeqInfo{packed ? cu_q.const_data_ptr<int32_t>() : nullptr,
+                     packed ? cu_k.const_data_ptr<int32_t>() : nullptr, lens.const_data_ptr<int32_t>(), tokens_q,
+                     capacity};
+    a.window = make_window(window_left, causal ? 0 : window_right, capacity + max_len_q);
     a.logit = Logit<A>{static_cast<A>(scale), static_cast<A>(softcap)};
     a.batch = batch;
     a.heads_q = heads_q;
     a.group = heads_q / k_cache.size(2);
-    a.dim_qk = q.size(3);
-    a.dim_v = v_cache.size(3);
-    a.max_len_q = seqlen_q;
+    a.dim_qk = q.size(-1);
+    a.dim_v = dim_v;
+    a.max_len_q = max_len_q;
     [[maybe_unused]] const auto partials = set_splits(a, capacity, q.options());
     launch_attention_forward(a);
   });

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attention/cuda/problem.cuh"
+#include "attention/serving.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -52,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
                                                      const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                      const std::optional<at::Tensor>& block_table, double scale,
                                                      bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap);
+                                                     double softcap, const KvCacheRows& rows);
 
 void check_kvcache_values_on_device(const char* op, const at::Tensor& k_cache, const at::Tensor& cache_seqlens,
                                     const std::optional<at::Tensor>& block_table);

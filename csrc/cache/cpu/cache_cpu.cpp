@@ -9,18 +9,21 @@ namespace attn_ops::cpu {
 namespace {
 
 void kv_cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                         const at::Tensor& v, const at::Tensor& cache_seqlens) {
-  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens);
+                         const at::Tensor& v, const at::Tensor& cache_seqlens,
+                         const std::optional<at::Tensor>& cache_batch_idx) {
+  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx);
   const at::Tensor lens = cache_seqlens.contiguous();
   const int32_t* len = lens.const_data_ptr<int32_t>();
   const int64_t batch = k.size(0), added = k.size(1), heads = k.size(2);
-  // Token t of the flattened [batch, seqlen_new] new tokens goes to row len[b] + t % seqlen_new of batch b.
+  const std::vector<int64_t> cache_row = batch_rows(cache_batch_idx, batch);
+  // Token t of the flattened [batch, seqlen_new] new tokens goes to position len[b] + t % seqlen_new of cache
+  // row cache_row[b].
   for (const auto& [cache, src] : {std::pair<const at::Tensor&, const at::Tensor&>{k_cache, k}, {v_cache, v}}) {
     copy_rows(
         cache, src, batch * added, heads,
         [&](int64_t t, int64_t h) {
           const int64_t b = t / added;
-          return b * cache.stride(0) + (len[b] + t % added) * cache.stride(1) + h * cache.stride(2);
+          return cache_row[b] * cache.stride(0) + (len[b] + t % added) * cache.stride(1) + h * cache.stride(2);
         },
         [&](int64_t t, int64_t h) { return (t / added) * src.stride(0) + (t % added) * src.stride(1) + h * src.stride(2); });
   }

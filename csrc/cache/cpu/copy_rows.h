@@ -7,8 +7,20 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 namespace attn_ops::cpu {
+
+// The cache row each of `batch` rows writes: cache_batch_idx (validated int32 [batch]), or b.
+inline std::vector<int64_t> batch_rows(const std::optional<at::Tensor>& cache_batch_idx, int64_t batch) {
+  std::vector<int64_t> rows(batch);
+  const at::Tensor idx = cache_batch_idx.has_value() ? cache_batch_idx->contiguous() : at::Tensor();
+  for (int64_t b = 0; b < batch; ++b) {
+    rows[b] = idx.defined() ? idx.const_data_ptr<int32_t>()[b] : b;
+  }
+  return rows;
+}
 
 // Copies the `dim` elements of one head row.
 inline void copy_row(char* dst, const char* src, int64_t dim, int64_t elem_size) {

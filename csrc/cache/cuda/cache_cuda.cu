@@ -12,8 +12,10 @@ namespace attn_ops::cuda {
 namespace {
 
 void kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                          const at::Tensor& v, const at::Tensor& cache_seqlens) {
-  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens);
+                          const at::Tensor& v, const at::Tensor& cache_seqlens,
+                          const std::optional<at::Tensor>& cache_batch_idx) {
+  TORCH_CHECK(!cache_batch_idx.has_value(), "attn_ops.kv_cache_append: cache_batch_idx is not supported on CUDA yet");
+  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx);
   const c10::cuda::CUDAGuard guard(k_cache.device());
   check_append_lengths_on_device("attn_ops.kv_cache_append", cache_seqlens, k.size(1), k_cache.size(1));
   const at::Tensor lens = cache_seqlens.contiguous();

@@ -17,8 +17,9 @@ namespace {
 
 void mla_cache_append_cpu(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                           const std::optional<at::Tensor>& cache_seqlens,
-                          const std::optional<at::Tensor>& slot_mapping) {
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
+                          const std::optional<at::Tensor>& slot_mapping,
+                          const std::optional<at::Tensor>& cache_batch_idx) {
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
   const int64_t d_c = c_kv.size(-1);
   // New token t: the offset of its cache row (-1: skipped) and its index in the leading dims of c_kv / k_pe.
   std::vector<int64_t> cache_row;
@@ -36,9 +37,10 @@ void mla_cache_append_cpu(const at::Tensor& latent_cache, const at::Tensor& c_kv
   } else {
     const at::Tensor lens = cache_seqlens->contiguous();
     const int32_t* len = lens.const_data_ptr<int32_t>();
+    const std::vector<int64_t> rows = batch_rows(cache_batch_idx, c_kv.size(0));
     for (int64_t b = 0; b < c_kv.size(0); ++b) {
       for (int64_t i = 0; i < c_kv.size(1); ++i) {
-        cache_row.push_back(b * latent_cache.stride(0) + (len[b] + i) * latent_cache.stride(1));
+        cache_row.push_back(rows[b] * latent_cache.stride(0) + (len[b] + i) * latent_cache.stride(1));
         token_index.push_back({b, i});
       }
     }

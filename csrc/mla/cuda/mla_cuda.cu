@@ -19,9 +19,11 @@ constexpr char kMlaDecodeOp[] = "attn_ops.mla_decode";
 
 void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
-                           const std::optional<at::Tensor>& slot_mapping) {
+                           const std::optional<at::Tensor>& slot_mapping,
+                           const std::optional<at::Tensor>& cache_batch_idx) {
   const char* op = "attn_ops.mla_cache_append";
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping);
+  TORCH_CHECK(!cache_batch_idx.has_value(), op, ": cache_batch_idx is not supported on CUDA yet");
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
   const c10::cuda::CUDAGuard guard(latent_cache.device());
   if (slot_mapping.has_value()) {
     check_slot_values_on_device(op, *slot_mapping, latent_cache.size(0), latent_cache.size(1));
