@@ -46,7 +46,10 @@ def recurrence(q, k, v, slope, *, scale=1.0, initial_state=None, cu_seqlens=None
         o, s = _stream(qs, ks, vs, slope, scale, s0)
         outs.append(o)
         states.append(s)
-    out = torch.stack(outs) if cu_seqlens is None else torch.cat(outs)
+    if not outs:  # no sequence: B = 0
+        out = qc.new_zeros((0, *q.shape[1:-1], Dv))
+    else:
+        out = torch.stack(outs) if cu_seqlens is None else torch.cat(outs)
     final = torch.stack(states) if states else torch.zeros(0, H, Dk, Dv, dtype=cdt, device=q.device)
     return out.to(q.dtype), final
 

@@ -23,7 +23,9 @@ import torch
 
 import attn_ops
 import crash_isolation
+from additive_reference import additive_attention_ref
 from kvcache_reference import attention_with_kvcache_ref, kv_cache_append_ref_, paged_kv_cache_append_ref_
+from lightning_reference import recurrence
 from mla_reference import mla_cache_append_ref_, mla_decode_ref, paged_mla_cache_append_ref_
 from reference import attention_ref
 from rope_reference import rope_ref
@@ -193,8 +195,70 @@ def _mla_decode(rng):
     return Case("mla_decode", (ql, qr, lc, lens), kw, [], ref)
 
 
+def _additive(rng):
+    dtype = rng.choice(FLOATS)
+    B, Tq, Tk, A, Dv = rng.randint(0, 3), rng.randint(0, 20), rng.randint(0, 40), rng.choice([4, 8, 24]), 8
+    kw = {}
+    if rng.random() < 0.5:
+        kw["key_padding_mask"] = torch.rand(B, Tk, generator=torch.Generator().manual_seed(rng.randrange(2 ** 31))) < 0.3
+
+    def ref(c):
+        qp, kp, w, v = (t.double() for t in c.args)
+        out, lse, _ = additive_attention_ref(qp, kp, w, v, c.kwargs.get("key_padding_mask"))
+        return out, lse
+    return Case("additive_attention", (_rand(rng, (B, Tq, A), dtype), _rand(rng, (B, Tk, A), dtype),
+                                       _rand(rng, (A,), dtype), _rand(rng, (B, Tk, Dv), dtype)), kw, [], ref)
+
+
+def _slopes(rng, H):
+    return torch.tensor([rng.choice([0.0, 0.05, 0.5, 2.0]) for _ in range(H)], dtype=torch.float32)
+
+
+def _lightning(rng):
+    dtype = rng.choice(FLOATS)
+    B, T, Hk, Dk, Dv = rng.randint(0, 3), rng.randint(0, 40), rng.choice([1, 2]), rng.choice([4, 8]), 8
+    H = Hk * rng.choice([1, 2])
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    kw = dict(scale=rng.choice([1.0, 0.3]), block_size=rng.choice([None, 4, 16]))
+    if rng.random() < 0.5:
+        kw["initial_state"] = _rand(rng, (B, H, Dk, Dv), state_dtype)
+
+    def ref(c):
+        return recurrence(*c.args, scale=c.kwargs.get("scale", 1.0), initial_state=c.kwargs.get("initial_state"))
+    return Case("lightning_attention", (_rand(rng, (B, T, H, Dk), dtype), _rand(rng, (B, T, Hk, Dk), dtype),
+                                        _rand(rng, (B, T, Hk, Dv), dtype), _slopes(rng, H)), kw, [], ref)
+
+
+def _lightning_decode(rng):
+    dtype = rng.choice(FLOATS)
+    B, Tq, Hk, Dk, Dv = rng.randint(0, 3), rng.randint(1, 3), rng.choice([1, 2]), 4, 8
+    H, N = Hk * rng.choice([1, 2]), B + rng.randint(0, 2)
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    state = _rand(rng, (N, H, Dk, Dv), state_dtype)
+    kw = dict(scale=rng.choice([1.0, 0.3]))
+    slots = list(range(N))
+    rng.shuffle(slots)
+    if N != B or rng.random() < 0.5:
+        kw["state_indices"] = torch.tensor([slots[b] if rng.random() < 0.8 else -1 for b in range(B)],
+                                           dtype=torch.int32)
+
+    def ref(c):
+        q, k, v, pool, slope = c.args
+        pool = pool.clone()
+        idx = c.kwargs["state_indices"].tolist() if "state_indices" in c.kwargs else list(range(q.shape[0]))
+        for b, slot in enumerate(idx):
+            if slot >= 0:
+                _, final = recurrence(q[b:b + 1], k[b:b + 1], v[b:b + 1], slope, scale=c.kwargs.get("scale", 1.0),
+                                      initial_state=pool[slot:slot + 1])
+                pool[slot] = final[0].to(pool.dtype)
+        return pool
+    return Case("lightning_attention_decode_", (_rand(rng, (B, Tq, H, Dk), dtype), _rand(rng, (B, Tq, Hk, Dk), dtype),
+                                                _rand(rng, (B, Tq, Hk, Dv), dtype), state, _slopes(rng, H)),
+                kw, [3], ref)
+
+
 BUILDERS = [_attention, _with_kvcache, _kv_append, _paged_append, lambda r: _rotary(r, True),
-            lambda r: _rotary(r, False), _mla_append, _mla_decode]
+            lambda r: _rotary(r, False), _mla_append, _mla_decode, _additive, _lightning, _lightning_decode]
 
 
 # ---- mutations ---------------------------------------------------------------------------------------
@@ -233,10 +297,15 @@ def _mutate(rng, case):
         # row does not see still meets a 0 probability inside its tile (0 * inf = NaN), in the reference
         # and in SDPA alike, so whether it shows depends on tiling (tests/test_reliability.py covers
         # NaN keys and values that rows see).
-        attends = case.op in ("attention", "attention_with_kvcache", "mla_decode")
+        attends = case.op in ("attention", "attention_with_kvcache", "mla_decode", "additive_attention",
+                              "lightning_attention", "lightning_attention_decode_")
         flat = t.view(-1) if t.is_contiguous() and (not attends or (where is case.args and key == 0)) else None
         if flat is not None:
-            flat[rng.randrange(t.numel())] = rng.choice([float("nan"), float("inf"), -float("inf")])
+            # inf in a linear-attention query meets the 0 of the causal decay mask in the blocked
+            # algorithm (inf * 0 = NaN) where the token recurrence adds infinities: NaN only there.
+            specials = [float("nan")] if case.op.startswith("lightning") else [float("nan"), float("inf"),
+                                                                                -float("inf")]
+            flat[rng.randrange(t.numel())] = rng.choice(specials)
         else:
             where[key] = t * rng.choice([1e4, 1e-30])
     elif kind == "index" and not t.is_floating_point() and t.numel() > 0 and t.dtype != torch.bool \
@@ -248,6 +317,8 @@ def _mutate(rng, case):
                                   ("window_left", -2), ("window_left", 2 ** 40), ("causal", False)])
         if case.op in ("attention", "attention_with_kvcache") or (case.op == "mla_decode" and name in ("scale",
                                                                                                           "causal")):
+            case.kwargs[name] = value
+        elif case.op.startswith("lightning") and name == "scale":
             case.kwargs[name] = value
 
 

@@ -47,8 +47,8 @@ FORWARD_CASES = [
                               "[2, 8, 2, 12]"),
     (dict(v=r(B, T - 1, HK, DV)), "v must have shape [2, 8, 2] + [head_dim_v] (the tokens and heads of k), got "
                                   "[2, 7, 2, 24]"),
-    (dict(k=r(B, T, 3, DK), v=r(B, T, 3, DV)), "the query heads (4) must be a positive multiple of the key/value "
-                                                "heads (3)"),
+    (dict(k=r(B, T, 3, DK), v=r(B, T, 3, DV)), "the query heads of q (4) must be a positive multiple of the key/value "
+                                                "heads of k (3)"),
     (dict(slope=torch.rand(3)), "slope must be a float32 tensor of shape [4] (one decay rate per query head), got "
                                 "float32 tensor of shape [3]"),
     (dict(slope=torch.rand(H, dtype=torch.float64)), "slope must be a float32 tensor of shape [4] (one decay rate per "
@@ -119,8 +119,8 @@ DECODE_CASES = [
     (dict(q=r(3, 0, H, DK), k=r(3, 0, HK, DK), v=r(3, 0, HK, DV)), "q must hold at least one token per row (seqlen >= "
                                                                    "1), got shape [3, 0, 4, 16]"),
     (dict(slope=torch.tensor([0.1, 0.2, -1.0, 0.3])), "slope[2] = -1 must be finite and >= 0"),
-    (dict(k=r(3, 1, 3, DK), v=r(3, 1, 3, DV)), "the query heads (4) must be a positive multiple of the key/value "
-                                               "heads (3)"),
+    (dict(k=r(3, 1, 3, DK), v=r(3, 1, 3, DV)), "the query heads of q (4) must be a positive multiple of the key/value "
+                                               "heads of k (3)"),
 ]
 
 

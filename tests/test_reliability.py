@@ -45,10 +45,11 @@ CRASH_CASES = {"zero_heads": _mla_zero_heads, "zero_heads_paged": _mla_zero_head
 
 
 def test_mla_decode_zero_heads_does_not_crash():
-    report = crash_isolation.crash_report("test_reliability", "CRASH_CASES", list(CRASH_CASES), timeout=120)
+    names = ["zero_heads", "zero_heads_paged"]
+    report = crash_isolation.crash_report("test_reliability", "CRASH_CASES", names, timeout=120)
     assert all(v is None for v in report.values()), report
-    for case in CRASH_CASES.values():
-        _raises("attn_ops.mla_decode: q_latent must have at least 1 head, got 0", case)
+    for name in names:
+        _raises("attn_ops.mla_decode: q_latent must have at least 1 head, got 0", CRASH_CASES[name])
 
 
 @pytest.mark.parametrize("batch, tq", [(0, 1), (2, 0), (0, 0)])
@@ -335,3 +336,27 @@ def test_merge_attention_partials_propagates_nan():
     out, lse = attn_ops.merge_attention_partials([p[0] for p in parts], [p[1] for p in parts])
     assert torch.isnan(lse[0, 1]).all() and torch.isnan(out[0, :, 1]).all()
     assert torch.isfinite(lse[0, 0]).all() and torch.isfinite(out[0, :, 0]).all()
+
+
+def _lightning_zero_dv():
+    q = torch.randn(3, 9, 2, 4, dtype=torch.float64)
+    attn_ops.lightning_attention(q, q.clone(), torch.randn(3, 9, 2, 0, dtype=torch.float64),
+                                 torch.rand(2), block_size=4)
+
+
+CRASH_CASES["lightning_zero_dv"] = _lightning_zero_dv
+
+
+def test_lightning_zero_head_dim_is_rejected_not_a_crash():
+    """Found by tests/test_fuzz.py: head_dim_v = 0 divided by zero (SIGFPE) in the CPU kernel."""
+    report = crash_isolation.crash_report("test_reliability", "CRASH_CASES", ["lightning_zero_dv"], timeout=120)
+    assert report["lightning_zero_dv"] is None, report
+    _raises("attn_ops.lightning_attention: head_dim_qk and head_dim_v must be at least 1, got 4 and 0",
+            _lightning_zero_dv)
+
+
+def test_lightning_scale_out_of_float32_range_is_rejected():
+    q = torch.randn(1, 5, 2, 8)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "attn_ops.lightning_attention: scale must be finite with |scale| <= 3.40282e+38")):
+        attn_ops.lightning_attention(q, q, q, torch.rand(2), scale=1e300)

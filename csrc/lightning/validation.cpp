@@ -2,6 +2,7 @@
 // op, called by the Meta, CPU and CUDA kernels alike, so every backend rejects the same inputs the same way).
 #include "lightning/validation.h"
 
+#include "attention/validation.h"  // check_head_dims, shared by every attention-like op
 #include "common/checks.h"
 
 #include <ATen/ATen.h>
@@ -93,10 +94,11 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
               shape_str(ks.slice(0, lead + 1)), " + [head_dim_v] (the tokens and heads of k), got ", shape_str(v));
   p.heads = qs[lead];
   p.heads_kv = ks[lead];
-  TORCH_CHECK(p.heads_kv >= 1 && p.heads % p.heads_kv == 0, op, ": the query heads (", p.heads,
-              ") must be a positive multiple of the key/value heads (", p.heads_kv, ")");
+  TORCH_CHECK(p.heads >= 1 && p.heads_kv >= 1 && p.heads % p.heads_kv == 0, op, ": the query heads of q (", p.heads,
+              ") must be a positive multiple of the key/value heads of k (", p.heads_kv, ")");
   p.head_dim = qs[lead + 1];
   p.head_dim_v = vs[lead + 1];
+  check_head_dims(op, p.head_dim, p.head_dim_v);  // >= 1 (a zero-width state would divide by zero), <= 1024
   p.seqlen = varlen ? qs[0] : qs[1];
   p.state_dtype = state_dtype_for(q);
 }
@@ -104,7 +106,7 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
 }  // namespace
 
 LightningProblem prepare_lightning_attention(const char* op, const at::Tensor& q, const at::Tensor& k,
-                                             const at::Tensor& v, const at::Tensor& slope,
+                                             const at::Tensor& v, const at::Tensor& slope, double scale,
                                              const std::optional<at::Tensor>& initial_state,
                                              const std::optional<at::Tensor>& cu_seqlens,
                                              std::optional<int64_t> max_seqlen, std::optional<int64_t> block_size) {
@@ -112,6 +114,7 @@ LightningProblem prepare_lightning_attention(const char* op, const at::Tensor& q
   p.varlen = cu_seqlens.has_value();
   check_qkv(op, q, k, v, p.varlen, p);
   check_slope(op, slope, q, p.heads);
+  check_score_options(op, q.scalar_type(), scale, -1, -1, 0.0);  // scale representable in the accumulation type
   TORCH_CHECK(p.varlen || !max_seqlen.has_value(), op, ": max_seqlen is only valid with cu_seqlens");
   TORCH_CHECK(!max_seqlen.has_value() || *max_seqlen >= 0, op, ": max_seqlen must be >= 0, got ", *max_seqlen);
   if (p.varlen) {
@@ -134,12 +137,12 @@ LightningProblem prepare_lightning_attention(const char* op, const at::Tensor& q
 
 LightningProblem prepare_lightning_attention_backward(
     const at::Tensor& dout, const std::optional<at::Tensor>& dfinal_state, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& v, const at::Tensor& slope, const std::optional<at::Tensor>& initial_state,
+    const at::Tensor& v, const at::Tensor& slope, double scale, const std::optional<at::Tensor>& initial_state,
     const std::optional<at::Tensor>& cu_seqlens, std::optional<int64_t> max_seqlen,
     std::optional<int64_t> block_size) {
   const char* op = "attn_ops.lightning_attention_backward";
   LightningProblem p =
-      prepare_lightning_attention(op, q, k, v, slope, initial_state, cu_seqlens, max_seqlen, block_size);
+      prepare_lightning_attention(op, q, k, v, slope, scale, initial_state, cu_seqlens, max_seqlen, block_size);
   TORCH_CHECK(dout.sym_sizes() == c10::SymIntArrayRef(p.out_sizes), op, ": dout must have the shape of out ",
               shape_str(p.out_sizes), ", got ", shape_str(dout));
   check_same_dtype_device(op, "dout", dout, "q", q);
@@ -151,13 +154,14 @@ LightningProblem prepare_lightning_attention_backward(
 }
 
 LightningProblem prepare_lightning_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                          const at::Tensor& state, const at::Tensor& slope,
+                                          const at::Tensor& state, const at::Tensor& slope, double scale,
                                           const std::optional<at::Tensor>& state_indices) {
   const char* op = "attn_ops.lightning_attention_decode_";
   LightningProblem p;
   check_qkv(op, q, k, v, /*varlen=*/false, p);
   TORCH_CHECK(p.seqlen >= 1, op, ": q must hold at least one token per row (seqlen >= 1), got shape ", shape_str(q));
   check_slope(op, slope, q, p.heads);
+  check_score_options(op, q.scalar_type(), scale, -1, -1, 0.0);  // scale representable in the accumulation type
   p.batch = q.sym_size(0);
   check_rank(op, "state", state, 4, "[num_slots, heads, head_dim, head_dim_v]");
   const c10::SymInt slots = state.sym_size(0);

@@ -35,7 +35,7 @@ struct LightningProblem {
 // lightning_attention: q [B, T, H, Dk] (or [total, H, Dk] with cu_seqlens int32 [B + 1]), k [.., Hk, Dk],
 // v [.., Hk, Dv], slope float32 [H] (finite, >= 0), initial_state [B, H, Dk, Dv] in the state dtype.
 LightningProblem prepare_lightning_attention(const char* op, const at::Tensor& q, const at::Tensor& k,
-                                             const at::Tensor& v, const at::Tensor& slope,
+                                             const at::Tensor& v, const at::Tensor& slope, double scale,
                                              const std::optional<at::Tensor>& initial_state,
                                              const std::optional<at::Tensor>& cu_seqlens,
                                              std::optional<int64_t> max_seqlen, std::optional<int64_t> block_size);
@@ -44,7 +44,7 @@ LightningProblem prepare_lightning_attention(const char* op, const at::Tensor& q
 // dfinal_state (the state's shape and dtype, optional).
 LightningProblem prepare_lightning_attention_backward(
     const at::Tensor& dout, const std::optional<at::Tensor>& dfinal_state, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& v, const at::Tensor& slope, const std::optional<at::Tensor>& initial_state,
+    const at::Tensor& v, const at::Tensor& slope, double scale, const std::optional<at::Tensor>& initial_state,
     const std::optional<at::Tensor>& cu_seqlens, std::optional<int64_t> max_seqlen,
     std::optional<int64_t> block_size);
 
@@ -52,7 +52,7 @@ LightningProblem prepare_lightning_attention_backward(
 // updated in place), slope [H], state_indices int32 [B] with values in [-1, N) and no slot twice (without
 // it, N == B and row b uses slot b). Returns the problem (seqlen = Tq, batch = B).
 LightningProblem prepare_lightning_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                          const at::Tensor& state, const at::Tensor& slope,
+                                          const at::Tensor& state, const at::Tensor& slope, double scale,
                                           const std::optional<at::Tensor>& state_indices);
 
 }  // namespace attn_ops

@@ -55,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention_cpu(const at::Tensor& q, 
                                                            const std::optional<at::Tensor>& cu_seqlens,
                                                            std::optional<int64_t> max_seqlen,
                                                            std::optional<int64_t> block_size) {
-  const LightningProblem p = prepare_lightning_attention("attn_ops.lightning_attention", q, k, v, slope,
+  const LightningProblem p = prepare_lightning_attention("attn_ops.lightning_attention", q, k, v, slope, scale,
                                                          initial_state, cu_seqlens, max_seqlen, block_size);
   at::Tensor out = at::empty_symint(p.out_sizes, q.options());                                // [B, T, H, Dv]
   at::Tensor final_state = at::empty_symint(p.state_sizes, q.options().dtype(p.state_dtype));  // [B, H, Dk, Dv]
@@ -91,7 +91,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_b
     const at::Tensor& k, const at::Tensor& v, const at::Tensor& slope, double scale,
     const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
     std::optional<int64_t> max_seqlen, std::optional<int64_t> block_size) {
-  const LightningProblem p = prepare_lightning_attention_backward(dout_in, dfinal_state, q, k, v, slope, initial_state,
+  const LightningProblem p = prepare_lightning_attention_backward(dout_in, dfinal_state, q, k, v, slope, scale, initial_state,
                                                                   cu_seqlens, max_seqlen, block_size);
   // Gradients may arrive expanded (out.sum() gives stride 0); the passes read rows with stride 1.
   const at::Tensor dout = dout_in.stride(-1) == 1 ? dout_in : dout_in.contiguous();
@@ -176,7 +176,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_b
 at::Tensor lightning_attention_decode__cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const at::Tensor& state, const at::Tensor& slope, double scale,
                                            const std::optional<at::Tensor>& state_indices) {
-  const LightningProblem p = prepare_lightning_decode(q, k, v, state, slope, state_indices);
+  const LightningProblem p = prepare_lightning_decode(q, k, v, state, slope, scale, state_indices);
   at::Tensor out = at::empty_symint(p.out_sizes, q.options());  // [B, Tq, H, Dv]
   const at::Tensor slope_c = slope.contiguous();
   const at::Tensor slots = state_indices.has_value() ? state_indices->contiguous() : at::Tensor();
