@@ -64,6 +64,23 @@ std::pair<int64_t, int64_t> checked_longest_sequences(const char* op, const at::
   return {std::min(opts.max_seqlen_q.value_or(found_q), total_q), std::min(opts.max_seqlen_k.value_or(found_k), total_k)};
 }
 
+// The longest row of packed queries over a cache (cu_seqlens_q, checked on the device by the caller):
+// max_seqlen_q when given (no sync), else read in one copy, else under graph capture the total, an upper
+// bound.
+int64_t longest_packed_rows(const at::Tensor& cu_q, std::optional<int64_t> max_seqlen_q, int64_t total) {
+  const int64_t batch = cu_q.numel() - 1;
+  if (batch < 1) {
+    return 0;
+  }
+  if (max_seqlen_q.has_value()) {
+    return std::min(*max_seqlen_q, total);
+  }
+  if (!device_checks_enabled()) {
+    return total;
+  }
+  return std::min((cu_q.narrow(0, 1, batch) - cu_q.narrow(0, 0, batch)).max().item<int64_t>(), total);
+}
+
 // Sets the split-KV plan of `a` (its sizes set) for rows of at most max_len_k keys (for a cache, its
 // capacity: the lengths themselves stay on the device, where every row takes only the splits its own keys
 // fill) and allocates the partial buffers when there is more than one split (kept alive by the returned
@@ -273,7 +290,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
   // offsets; all-zero ones leave the keys to cache_seqlens (the cache rows are not packed).
   const at::Tensor cu_q = packed ? rows.cu_seqlens_q->contiguous() : at::Tensor();
   const at::Tensor cu_k = packed ? at::zeros({batch + 1}, cu_q.options()) : at::Tensor();
-  const int64_t max_len_q = packed ? longest_sequence(cu_q, rows.max_seqlen_q, tokens_q) : tokens_q;
+  const int64_t max_len_q = packed ? longest_packed_rows(cu_q, rows.max_seqlen_q, tokens_q) : tokens_q;
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
     using A = acc_t<scalar_t>;

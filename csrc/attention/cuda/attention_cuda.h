@@ -4,6 +4,7 @@
 
 #include "attention/cuda/problem.cuh"
 #include "attention/serving.h"
+#include "common/cuda/index_checks.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -67,10 +68,15 @@ std::tuple<at::Tensor, at::Tensor> checked_kvcache_attention(const at::Tensor& q
                                                              const at::Tensor& cache_seqlens,
                                                              const std::optional<at::Tensor>& block_table,
                                                              double scale, bool causal, int64_t window_left,
-                                                             int64_t window_right, double softcap) {
+                                                             int64_t window_right, double softcap,
+                                                             const KvCacheRows& rows) {
   check_kvcache_values_on_device(Op, k_cache, cache_seqlens, block_table);
+  if (rows.packed()) {  // packed queries: [total_q, heads, dim]
+    check_cu_seqlens_on_device(Op, "cu_seqlens_q", *rows.cu_seqlens_q, q.size(0), "q",
+                               rows.max_seqlen_q.value_or(-1), "max_seqlen_q");
+  }
   return kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right,
-                           softcap);
+                           softcap, rows);
 }
 
 }  // namespace attn_ops::cuda
