@@ -66,21 +66,25 @@ void launch_check(const Check& check) {
 // Element i = (row b, block j) of cache_seqlens and block_table (width 1 without a table).
 struct CacheLengthCheck {
   Text op;
-  const int32_t* lens;   // [batch]
-  const int32_t* table;  // [batch, width] contiguous, or null (not paged, or no blocks per row)
+  const int32_t* lens;        // [batch]
+  const int32_t* table;       // [table rows, width] contiguous, or null (not paged, or no blocks per row)
+  const int32_t* table_rows;  // [batch] block-table row of each row (cache_batch_idx, checked), or null: b
+  const int32_t* first_key;   // [batch] first key position (cache_leftpad, checked), or null: 0
   int64_t n, width, capacity, block_size, num_blocks;
   bool paged;
 
   __device__ bool len_ok(int64_t b) const { return lens[b] >= 0 && lens[b] <= capacity; }
+  __device__ int64_t table_row(int64_t b) const { return table_rows != nullptr ? table_rows[b] : b; }
   __device__ bool ok(int64_t i) const {
     const int64_t b = i / width, j = i % width;
     if (!len_ok(b)) {
       return j != 0;  // reported once, at the row's first element
     }
-    if (table == nullptr || j * block_size >= lens[b]) {
+    const int64_t first = first_key != nullptr ? first_key[b] : 0;
+    if (table == nullptr || j * block_size >= lens[b] || (j + 1) * block_size <= first) {
       return true;
     }
-    const int32_t block = table[i];
+    const int32_t block = table[table_row(b) * width + j];
     return block >= 0 && block < num_blocks;
   }
   __device__ void report(int64_t i) const {
@@ -96,8 +100,57 @@ struct CacheLengthCheck {
              "%lld)\n",
              op.s, (long long)b, len, (long long)capacity, (long long)(capacity / block_size), (long long)block_size);
     } else {
-      printf("%s: block_table[%lld, %lld] = %d is out of range [0, %lld)\n", op.s, (long long)b, (long long)j,
-             table[i], (long long)num_blocks);
+      const int64_t t = table_row(b);
+      printf("%s: block_table[%lld, %lld] = %d is out of range [0, %lld)\n", op.s, (long long)t, (long long)j,
+             table[t * width + j], (long long)num_blocks);
+    }
+  }
+};
+
+// Elements 0 .. batch - 1: cache_batch_idx[b] in [0, rows); then, when distinct, elements batch + b: no
+// earlier row with the same value (every range error first, as the host check reports them).
+struct BatchIdxCheck {
+  Text op, rows_name;
+  const int32_t* idx;  // [batch]
+  int64_t n, batch, rows;
+
+  __device__ int64_t first_equal(int64_t b) const {
+    for (int64_t e = 0; e < b; ++e) {
+      if (idx[e] == idx[b]) {
+        return e;
+      }
+    }
+    return -1;
+  }
+  __device__ bool ok(int64_t i) const { return i < batch ? idx[i] >= 0 && idx[i] < rows : first_equal(i - batch) < 0; }
+  __device__ void report(int64_t i) const {
+    if (i < batch) {
+      printf("%s: cache_batch_idx[%lld] = %d is out of range [0, %lld) (the rows of %s)\n", op.s, (long long)i, idx[i],
+             (long long)rows, rows_name.s);
+    } else {
+      const int64_t b = i - batch;
+      printf("%s: cache_batch_idx[%lld] = %d repeats cache_batch_idx[%lld]: the rows of one write must be distinct "
+             "cache rows\n",
+             op.s, (long long)b, idx[b], (long long)first_equal(b));
+    }
+  }
+};
+
+struct LeftpadCheck {
+  Text op;
+  const int32_t* pad;   // [batch]
+  const int32_t* lens;  // [batch]
+  int64_t n;
+
+  __device__ bool ok(int64_t b) const { return pad[b] >= 0 && pad[b] <= lens[b]; }
+  __device__ void report(int64_t b) const {
+    const long long r = b;
+    if (pad[b] < 0) {
+      printf("%s: cache_leftpad[%lld] = %d must be >= 0\n", op.s, r, pad[b]);
+    } else {
+      printf("%s: cache_leftpad[%lld] = %d exceeds cache_seqlens[%lld] = %d (the keys of row %lld are cache positions "
+             "cache_leftpad[%lld] .. cache_seqlens[%lld] - 1)\n",
+             op.s, r, pad[b], r, lens[b], r, r, r);
     }
   }
 };
@@ -206,7 +259,8 @@ bool device_checks_enabled() {
 
 void check_cache_lengths_and_blocks_on_device(const char* op, const at::Tensor& cache_seqlens,
                                               const at::Tensor& block_table, int64_t capacity, int64_t block_size,
-                                              int64_t num_blocks) {
+                                              int64_t num_blocks, const at::Tensor& table_rows,
+                                              const at::Tensor& first_key) {
   if (!device_checks_enabled()) {
     return;
   }
@@ -214,8 +268,32 @@ void check_cache_lengths_and_blocks_on_device(const char* op, const at::Tensor& 
   const at::Tensor table = block_table.defined() ? block_table.contiguous() : at::Tensor();
   const int64_t width = table.defined() ? std::max<int64_t>(table.size(1), 1) : 1;  // >= 1: row b's lengths
   const int32_t* entries = table.defined() && table.size(1) > 0 ? table.const_data_ptr<int32_t>() : nullptr;
-  launch_check(CacheLengthCheck{text(op), lens.const_data_ptr<int32_t>(), entries, lens.numel() * width, width,
-                                capacity, block_size, num_blocks, table.defined()});
+  const at::Tensor rows = table_rows.defined() ? table_rows.contiguous() : at::Tensor();
+  const at::Tensor first = first_key.defined() ? first_key.contiguous() : at::Tensor();
+  launch_check(CacheLengthCheck{text(op), lens.const_data_ptr<int32_t>(), entries,
+                                rows.defined() ? rows.const_data_ptr<int32_t>() : nullptr,
+                                first.defined() ? first.const_data_ptr<int32_t>() : nullptr, lens.numel() * width,
+                                width, capacity, block_size, num_blocks, table.defined()});
+}
+
+void check_batch_idx_on_device(const char* op, const at::Tensor& cache_batch_idx, int64_t rows, const char* rows_name,
+                               bool distinct) {
+  if (!device_checks_enabled()) {
+    return;
+  }
+  const at::Tensor idx = cache_batch_idx.contiguous();
+  const int64_t batch = idx.numel();
+  launch_check(BatchIdxCheck{text(op), text(rows_name), idx.const_data_ptr<int32_t>(), distinct ? 2 * batch : batch,
+                             batch, rows});
+}
+
+void check_leftpad_on_device(const char* op, const at::Tensor& cache_leftpad, const at::Tensor& cache_seqlens) {
+  if (!device_checks_enabled()) {
+    return;
+  }
+  const at::Tensor pad = cache_leftpad.contiguous();
+  const at::Tensor lens = cache_seqlens.contiguous();
+  launch_check(LeftpadCheck{text(op), pad.const_data_ptr<int32_t>(), lens.const_data_ptr<int32_t>(), pad.numel()});
 }
 
 void check_append_lengths_on_device(const char* op, const at::Tensor& cache_seqlens, int64_t added,

@@ -18,11 +18,23 @@ namespace attn_ops::cuda {
 // Whether the device checks run: not while the current stream captures a CUDA graph.
 bool device_checks_enabled();
 
-// cache_seqlens [batch] int32 in [0, capacity]; with block_table [batch, max_blocks] (else undefined), the
-// entries of the blocks each row's keys occupy in [0, num_blocks).
+// cache_seqlens [batch] int32 in [0, capacity]; with block_table [table_rows, max_blocks] (else undefined),
+// the entries of the blocks each row's keys occupy in [0, num_blocks): row b's keys are positions
+// first_key[b] (cache_leftpad, else 0) .. cache_seqlens[b] - 1 of block-table row table_rows[b]
+// (cache_batch_idx, else b). table_rows and first_key, when given, must have been checked on the device
+// first (check_batch_idx_on_device, check_leftpad_on_device).
 void check_cache_lengths_and_blocks_on_device(const char* op, const at::Tensor& cache_seqlens,
                                               const at::Tensor& block_table, int64_t capacity, int64_t block_size,
-                                              int64_t num_blocks);
+                                              int64_t num_blocks, const at::Tensor& table_rows = at::Tensor(),
+                                              const at::Tensor& first_key = at::Tensor());
+
+// cache_batch_idx [batch] int32 in [0, rows) (the rows of `rows_name`) and, when `distinct` (a write: two
+// batch rows writing one cache row would race), no value repeated.
+void check_batch_idx_on_device(const char* op, const at::Tensor& cache_batch_idx, int64_t rows, const char* rows_name,
+                               bool distinct);
+
+// cache_leftpad [batch] int32: 0 <= cache_leftpad[b] <= cache_seqlens[b].
+void check_leftpad_on_device(const char* op, const at::Tensor& cache_leftpad, const at::Tensor& cache_seqlens);
 
 // cache_seqlens [batch] int32: len >= 0 and len + added <= capacity.
 void check_append_lengths_on_device(const char* op, const at::Tensor& cache_seqlens, int64_t added,
