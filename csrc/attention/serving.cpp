@@ -7,7 +7,6 @@
 
 #include <ATen/ATen.h>
 
-#include <utility>
 #include <vector>
 
 namespace attn_ops {
@@ -95,15 +94,6 @@ void check_write_batch_idx(const char* op, const at::Tensor& cache_batch_idx, co
     TORCH_CHECK(writer[v[b]] < 0, op, ": cache_batch_idx[", b, "] = ", v[b], " repeats cache_batch_idx[", writer[v[b]],
                 "]: the rows of one write must be distinct cache rows");
     writer[v[b]] = b;
-  }
-}
-
-void check_rows_not_given(const char* op, const char* backend, const KvCacheRows& rows) {
-  for (const auto& [name, given] : {std::pair<const char*, bool>{"cu_seqlens_q", rows.packed()},
-                                    {"max_seqlen_q", rows.max_seqlen_q.has_value()},
-                                    {"cache_batch_idx", rows.cache_batch_idx.has_value()},
-                                    {"cache_leftpad", rows.cache_leftpad.has_value()}}) {
-    TORCH_CHECK(!given, op, ": ", name, " is not supported on ", backend, " yet");
   }
 }
 

@@ -37,8 +37,4 @@ void check_kvcache_row_values(const char* op, const KvCacheRows& rows, int64_t t
 void check_write_batch_idx(const char* op, const at::Tensor& cache_batch_idx, const c10::SymInt& batch,
                            const c10::SymInt& cache_rows, const char* ref_name, const at::Tensor& ref);
 
-// For a backend that does not implement them yet: raises "<op>: <argument> is not supported on <backend>
-// yet" for the first of the arguments given (never ignore one silently).
-void check_rows_not_given(const char* op, const char* backend, const KvCacheRows& rows);
-
 }  // namespace attn_ops

@@ -246,10 +246,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   return {dq, dk, dv};
 }
 
-// [batch, capacity, heads, dim] rows, or [num_blocks, block_size, heads, dim] blocks through block_table.
-KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor& block_table) {
+// [rows, capacity, heads, dim] rows, or [num_blocks, block_size, heads, dim] blocks through block_table;
+// with cache_row (contiguous cache_batch_idx, else undefined) sequence b reads row cache_row[b].
+KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor& block_table, const at::Tensor& cache_row) {
   KeyLayout l;
   l.rows = TokenLayout{cache.stride(0), cache.stride(1), cache.stride(2)};
+  if (cache_row.defined()) {
+    l.cache_row = cache_row.const_data_ptr<int32_t>();
+    l.num_rows = block_table.defined() ? block_table.size(0) : cache.size(0);
+  }
   if (block_table.defined()) {
     l.block_table = block_table.const_data_ptr<int32_t>();
     l.table_stride = block_table.stride(0);
@@ -271,10 +276,6 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
                                                      const std::optional<at::Tensor>& block_table, double scale,
                                                      bool causal, int64_t window_left, int64_t window_right,
                                                      double softcap, const KvCacheRows& rows) {
-  // Packed queries run on the varlen path of the kernels; row selection and left padding do not exist
-  // there yet. mla_decode runs on this function too: the message names both ops.
-  check_rows_not_given("attn_ops.attention_with_kvcache / attn_ops.mla_decode", "CUDA",
-                       KvCacheRows{std::nullopt, std::nullopt, rows.cache_batch_idx, rows.cache_leftpad});
   const c10::cuda::CUDAGuard guard(q.device());
   const bool packed = rows.packed();
   const int64_t batch = cache_seqlens.size(0), heads_q = q.size(-2), tokens_q = packed ? q.size(0) : q.size(1);
@@ -291,19 +292,22 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
   const at::Tensor cu_q = packed ? rows.cu_seqlens_q->contiguous() : at::Tensor();
   const at::Tensor cu_k = packed ? at::zeros({batch + 1}, cu_q.options()) : at::Tensor();
   const int64_t max_len_q = packed ? longest_packed_rows(cu_q, rows.max_seqlen_q, tokens_q) : tokens_q;
+  // Row b reads cache (or block-table) row cache_batch_idx[b], keys from cache_leftpad[b] on.
+  const at::Tensor cache_row = rows.cache_batch_idx.has_value() ? rows.cache_batch_idx->contiguous() : at::Tensor();
+  const at::Tensor first_key = rows.cache_leftpad.has_value() ? rows.cache_leftpad->contiguous() : at::Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
     using A = acc_t<scalar_t>;
     ForwardArgs<scalar_t> a = forward_tensors<scalar_t>(q, k_cache, v_cache, out, lse);
     a.q_layout = token_layout(q, packed);
     a.out_layout = token_layout(out, packed);
-    a.k_layout = cache_layout(k_cache, table);
-    a.v_layout = cache_layout(v_cache, table);
+    a.k_layout = cache_layout(k_cache, table, cache_row);
+    a.v_layout = cache_layout(v_cache, table, cache_row);
     a.lse_layout = lse_layout(lse, packed);
-    // The queries are the last len_q of each row's cache_seqlens[b] keys.
+    // The queries are the last len_q of each row's keys (cache_leftpad[b] .. cache_seqlens[b] - 1).
     a.seqs = SeqInfo{packed ? cu_q.const_data_ptr<int32_t>() : nullptr,
                      packed ? cu_k.const_data_ptr<int32_t>() : nullptr, lens.const_data_ptr<int32_t>(), tokens_q,
-                     capacity};
+                     capacity, first_key.defined() ? first_key.const_data_ptr<int32_t>() : nullptr};
     a.window = make_window(window_left, causal ? 0 : window_right, capacity + max_len_q);
     a.logit = Logit<A>{static_cast<A>(scale), static_cast<A>(softcap)};
     a.batch = batch;
@@ -318,13 +322,23 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
   return {out, lse};
 }
 
-// cache_seqlens in [0, capacity] and, paged, the block-table entries of the used blocks in [0, num_blocks).
-void check_kvcache_values_on_device(const char* op, const at::Tensor& k_cache, const at::Tensor& cache_seqlens,
-                                    const std::optional<at::Tensor>& block_table) {
+void check_kvcache_values_on_device(const char* op, const char* cache_name, const at::Tensor& k_cache,
+                                    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                                    const KvCacheRows& rows) {
   const c10::cuda::CUDAGuard guard(k_cache.device());
-  if (block_table.has_value()) {
+  const bool paged = block_table.has_value();
+  const at::Tensor table_rows = rows.cache_batch_idx.value_or(at::Tensor());
+  const at::Tensor first_key = rows.cache_leftpad.value_or(at::Tensor());
+  if (table_rows.defined()) {
+    check_batch_idx_on_device(op, table_rows, paged ? block_table->size(0) : k_cache.size(0),
+                              paged ? "block_table" : cache_name, /*distinct=*/false);
+  }
+  if (first_key.defined()) {
+    check_leftpad_on_device(op, first_key, cache_seqlens);
+  }
+  if (paged) {
     check_cache_lengths_and_blocks_on_device(op, cache_seqlens, *block_table, block_table->size(1) * k_cache.size(1),
-                                             k_cache.size(1), k_cache.size(0));
+                                             k_cache.size(1), k_cache.size(0), table_rows, first_key);
   } else {
     check_cache_lengths_and_blocks_on_device(op, cache_seqlens, at::Tensor(), k_cache.size(1), 0, 0);
   }
@@ -332,12 +346,13 @@ void check_kvcache_values_on_device(const char* op, const at::Tensor& k_cache, c
 
 namespace {
 constexpr char kKvCacheAttentionOp[] = "attn_ops.attention_with_kvcache";
+constexpr char kKvCacheName[] = "k_cache";
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
   m.impl("attention", &attention_cuda);
   m.impl("attention_backward", &attention_backward_cuda);
-  m.impl("attention_with_kvcache", &attention_with_kvcache_on<checked_kvcache_attention<kKvCacheAttentionOp>>);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_on<checked_kvcache_attention<kKvCacheAttentionOp, kKvCacheName>>);
 }
 
 }  // namespace attn_ops::cuda

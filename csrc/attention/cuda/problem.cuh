@@ -27,6 +27,7 @@ struct SeqInfo {
   const int32_t* cache_len = nullptr;  // [batch] keys in each cache row, or null
   int64_t len_q = 0;  // dense: query length; varlen: total query tokens (clamp bound)
   int64_t len_k = 0;  // dense: key length; varlen: total key tokens; cache: capacity of a row
+  const int32_t* first_key = nullptr;  // [batch] cache_leftpad (with cache_len): row b's keys start there, or null
 
   __device__ __forceinline__ Seq at(int64_t b) const {
     Seq s{len_q, len_k, 0, 0};
@@ -38,6 +39,10 @@ struct SeqInfo {
     }
     if (cache_len != nullptr) {
       s.len_k = clamp(cache_len[b], len_k);
+    }
+    if (first_key != nullptr) {  // keys first_key[b] .. cache_len[b] - 1: k0 shifts every key position
+      s.k0 = clamp(first_key[b], s.len_k);
+      s.len_k -= s.k0;
     }
     return s;
   }
@@ -58,23 +63,33 @@ struct TokenLayout {
 };
 
 // Keys / values: token rows as TokenLayout, or spread over the blocks of a paged cache
-// ([num_blocks, block_size, heads, dim]) through a block table ([batch, max_blocks_per_seq]).
+// ([num_blocks, block_size, heads, dim]) through a block table ([table rows, max_blocks_per_seq]).
+// With cache_row (cache_batch_idx), sequence b reads cache row (paged: block-table row) cache_row[b].
 struct KeyLayout {
   TokenLayout rows;
   const int32_t* block_table = nullptr;
   int64_t table_stride = 0, block_stride = 0;
   int64_t block_size = 0, num_blocks = 0, table_width = 0;
   int block_shift = -1;  // log2(block_size) when it is a power of two, else -1
+  const int32_t* cache_row = nullptr;  // [batch] or null (row b)
+  int64_t num_rows = 0;                // rows cache_row may select (of the cache, or paged of the block table)
 
-  // Offset of key j of sequence b (first packed key k0), head h; -1 when its block-table entry is out of
-  // range (possible only for inputs that could not be checked: CUDA-graph capture). The key is skipped.
+  // Offset of key j of sequence b (first key k0: packed, or a cache's left padding), head h; -1 when its
+  // cache row or block-table entry is out of range (possible only for inputs that could not be checked:
+  // CUDA-graph capture). The key is skipped.
   __device__ __forceinline__ int64_t at(int64_t b, int64_t k0, int64_t j, int64_t h) const {
+    if (cache_row != nullptr) {
+      b = cache_row[b];
+      if (b < 0 || b >= num_rows) {
+        return -1;
+      }
+    }
     if (block_table == nullptr) {
       return rows.at(b, k0, j, h);
     }
-    // 0 <= j < 2^31 (sequence lengths are int32): a shift for power-of-two block sizes, else a 32-bit
+    // 0 <= k0 + j < 2^31 (cache positions are int32): a shift for power-of-two block sizes, else a 32-bit
     // division, never a 64-bit one (tens of instructions per key).
-    const uint32_t key = static_cast<uint32_t>(j);
+    const uint32_t key = static_cast<uint32_t>(k0 + j);
     const uint32_t slot = block_shift >= 0 ? key >> block_shift : key / static_cast<uint32_t>(block_size);
     const uint32_t within = block_shift >= 0 ? key & static_cast<uint32_t>(block_size - 1)
                                              : key - slot * static_cast<uint32_t>(block_size);
