@@ -16,15 +16,21 @@ namespace attn_ops::cuda {
 namespace {
 
 constexpr char kMlaDecodeOp[] = "attn_ops.mla_decode";
+constexpr char kLatentCacheName[] = "latent_cache";
 
 void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
                            const std::optional<at::Tensor>& slot_mapping,
                            const std::optional<at::Tensor>& cache_batch_idx) {
   const char* op = "attn_ops.mla_cache_append";
-  TORCH_CHECK(!cache_batch_idx.has_value(), op, ": cache_batch_idx is not supported on CUDA yet");
   check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
   const c10::cuda::CUDAGuard guard(latent_cache.device());
+  // Contiguous cache only (the validation refuses it with slot_mapping): batch row b writes cache row
+  // cache_batch_idx[b], distinct rows.
+  const at::Tensor rows = cache_batch_idx.has_value() ? cache_batch_idx->contiguous() : at::Tensor();
+  if (rows.defined()) {
+    check_batch_idx_on_device(op, rows, latent_cache.size(0), "latent_cache", /*distinct=*/true);
+  }
   if (slot_mapping.has_value()) {
     check_slot_values_on_device(op, *slot_mapping, latent_cache.size(0), latent_cache.size(1));
   } else {
@@ -47,8 +53,17 @@ void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_k
         launch_copy_rows(dst, src.const_data_ptr(), src.size(0), 1, src.size(-1), elem, wide, offsets);
       });
     } else {
-      const AppendOffsets offsets{lens.const_data_ptr<int32_t>(), src.size(1), latent_cache.size(1), cache0, cache1, 0,
-                                  src0, src1, 0};
+      const AppendOffsets offsets{lens.const_data_ptr<int32_t>(),
+                                  src.size(1),
+                                  latent_cache.size(1),
+                                  cache0,
+                                  cache1,
+                                  0,
+                                  src0,
+                                  src1,
+                                  0,
+                                  rows.defined() ? rows.const_data_ptr<int32_t>() : nullptr,
+                                  latent_cache.size(0)};
       launch_copy_rows(dst, src.const_data_ptr(), src.size(0) * src.size(1), 1, src.size(-1), elem, wide, offsets);
     }
   }
@@ -58,7 +73,7 @@ void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_k
 
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
   m.impl("mla_cache_append", &mla_cache_append_cuda);
-  m.impl("mla_decode", &mla_decode_on<checked_kvcache_attention<kMlaDecodeOp>>);
+  m.impl("mla_decode", &mla_decode_on<checked_kvcache_attention<kMlaDecodeOp, kLatentCacheName>>);
 }
 
 }  // namespace attn_ops::cuda
