@@ -14,15 +14,28 @@ namespace {
 void kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& cache_batch_idx) {
-  TORCH_CHECK(!cache_batch_idx.has_value(), "attn_ops.kv_cache_append: cache_batch_idx is not supported on CUDA yet");
+  const char* op = "attn_ops.kv_cache_append";
   check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx);
   const c10::cuda::CUDAGuard guard(k_cache.device());
-  check_append_lengths_on_device("attn_ops.kv_cache_append", cache_seqlens, k.size(1), k_cache.size(1));
+  // Batch row b writes cache row cache_batch_idx[b] (distinct rows: no two writers race).
+  const at::Tensor rows = cache_batch_idx.has_value() ? cache_batch_idx->contiguous() : at::Tensor();
+  if (rows.defined()) {
+    check_batch_idx_on_device(op, rows, k_cache.size(0), "k_cache", /*distinct=*/true);
+  }
+  check_append_lengths_on_device(op, cache_seqlens, k.size(1), k_cache.size(1));
   const at::Tensor lens = cache_seqlens.contiguous();
   for (const auto& [cache, src] : {std::pair<const at::Tensor&, const at::Tensor&>{k_cache, k}, {v_cache, v}}) {
-    const AppendOffsets offsets{lens.const_data_ptr<int32_t>(), src.size(1),   cache.size(1),
-                                cache.stride(0), cache.stride(1), cache.stride(2),
-                                src.stride(0),   src.stride(1),   src.stride(2)};
+    const AppendOffsets offsets{lens.const_data_ptr<int32_t>(),
+                                src.size(1),
+                                cache.size(1),
+                                cache.stride(0),
+                                cache.stride(1),
+                                cache.stride(2),
+                                src.stride(0),
+                                src.stride(1),
+                                src.stride(2),
+                                rows.defined() ? rows.const_data_ptr<int32_t>() : nullptr,
+                                cache.size(0)};
     const bool wide = wide_rows(cache.data_ptr(), src.const_data_ptr(), src.size(-1), src.element_size(),
                                 {cache.stride(0), cache.stride(1), cache.stride(2), src.stride(0), src.stride(1),
                                  src.stride(2)});

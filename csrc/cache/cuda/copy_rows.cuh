@@ -3,7 +3,7 @@
 // one element at a time.
 //
 // Offsets (element offsets of a row's destination and source, or false to skip the row) are computed on
-// the device from cache_seqlens / slot_mapping and bounds-checked there: under CUDA-graph capture the host
+// the device from cache_seqlens / cache_batch_idx / slot_mapping and bounds-checked there: under CUDA-graph capture the host
 // cannot check those values, and a bad index then writes nothing.
 #pragma once
 
@@ -16,21 +16,25 @@
 
 namespace attn_ops::cuda {
 
-// Row (t, h) of new tokens [batch, added, heads, dim] goes to row cache_len[b] + t % added of batch
-// b = t / added of a contiguous cache [batch, capacity, heads, dim].
+// Row (t, h) of new tokens [batch, added, heads, dim] goes to position cache_len[b] + t % added of cache
+// row cache_row[b] (cache_batch_idx; without it, row b) of b = t / added, in a contiguous cache
+// [rows, capacity, heads, dim].
 struct AppendOffsets {
   const int32_t* cache_len;  // [batch]
   int64_t added, capacity;
   int64_t dst_batch, dst_token, dst_head;  // cache strides (elements)
   int64_t src_batch, src_token, src_head;  // new-token strides (elements)
+  const int32_t* cache_row = nullptr;      // [batch] or null
+  int64_t num_rows = 0;                    // cache rows (bound of cache_row)
 
   __device__ __forceinline__ bool operator()(int64_t t, int64_t h, int64_t* dst, int64_t* src) const {
     const int64_t b = t / added, i = t % added;
     const int64_t row = static_cast<int64_t>(cache_len[b]) + i;
-    if (cache_len[b] < 0 || row >= capacity) {
+    const int64_t r = cache_row != nullptr ? static_cast<int64_t>(cache_row[b]) : b;
+    if (cache_len[b] < 0 || row >= capacity || r < 0 || (cache_row != nullptr && r >= num_rows)) {
       return false;
     }
-    *dst = b * dst_batch + row * dst_token + h * dst_head;
+    *dst = r * dst_batch + row * dst_token + h * dst_head;
     *src = b * src_batch + i * src_token + h * src_head;
     return true;
   }
