@@ -454,7 +454,8 @@ bool values_inside_keys(const void* k, const KeyLayout& k_layout, const void* v,
          (heads_kv == 1 || x.head_stride == y.head_stride) && k_layout.block_table == v_layout.block_table &&
          k_layout.table_stride == v_layout.table_stride && k_layout.block_stride == v_layout.block_stride &&
          k_layout.block_size == v_layout.block_size && k_layout.num_blocks == v_layout.num_blocks &&
-         k_layout.table_width == v_layout.table_width;
+         k_layout.table_width == v_layout.table_width && k_layout.cache_row == v_layout.cache_row &&
+         k_layout.num_rows == v_layout.num_rows;
 }
 
 namespace {
