@@ -2,8 +2,8 @@
 cu_seqlens_q, cache_batch_idx and cache_leftpad for attention_with_kvcache and mla_decode, and
 cache_batch_idx for kv_cache_append / mla_cache_append; each alone and all combined, against the
 float64 references of serving_reference.py with the tolerance rule of reference.py. Also opcheck and
-a compiled (fullgraph) serving step. On CUDA, packed queries run (compared against the reference when a
-GPU is present); cache_batch_idx / cache_leftpad are rejected there (test_serving_errors.py).
+a compiled (fullgraph) serving step. The same on CUDA (compared against the reference when a GPU is
+present).
 """
 
 import pytest
@@ -101,16 +101,28 @@ def test_cache_leftpad(block_size):
                           packed=False))
 
 
+def cuda_kw(kw):
+    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+
+
+# The serving arguments on CUDA, alone and combined: packed rows, a pool of 9 rows picked out of order, left
+# padding (one row padded up to its length).
+CUDA_EXTRAS = {"packed": {}, "batch_idx": dict(pool_rows=9), "leftpad": dict(leftpad=[3, 20, 12, 0, 0]),
+               "all": dict(pool_rows=9, leftpad=[3, 20, 12, 0, 0])}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 @pytest.mark.parametrize("block_size", [None, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_queries_cuda(block_size, dtype):
-    q, kc, vc, lens, kw = serving_inputs(LENS_Q, LENS_K, Hq=8, Hkv=2, D=64, block_size=block_size, dtype=dtype)
-    dev = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    out, lse = attn_ops.attention_with_kvcache(q.cuda(), kc.cuda(), vc.cuda(), lens.cuda(), **dev)
+@pytest.mark.parametrize("extras", list(CUDA_EXTRAS))
+def test_serving_cuda(block_size, dtype, extras):
+    q, kc, vc, lens, kw = serving_inputs(LENS_Q, LENS_K, Hq=8, Hkv=2, D=64, block_size=block_size, dtype=dtype,
+                                         **CUDA_EXTRAS[extras])
+    opts = dict(window_left=50, softcap=8.0) if extras == "all" else {}
+    out, lse = attn_ops.attention_with_kvcache(q.cuda(), kc.cuda(), vc.cuda(), lens.cuda(), **cuda_kw(kw), **opts)
     ref_kw = {k: v for k, v in kw.items() if k != "max_seqlen_q"}
-    ref = attention_with_kvcache_serving_ref(q, kc, vc, lens, **ref_kw)
-    same = attention_with_kvcache_serving_ref(q, kc, vc, lens, **ref_kw, compute_dtype=dtype)
+    ref = attention_with_kvcache_serving_ref(q, kc, vc, lens, **ref_kw, **opts)
+    same = attention_with_kvcache_serving_ref(q, kc, vc, lens, **ref_kw, **opts, compute_dtype=dtype)
     assert_close_to_ref(out.cpu(), ref[0], same[0], name="out")
     assert_close_to_ref(lse.cpu(), ref[1], same[1].float(), name="lse")
 
@@ -187,6 +199,18 @@ def test_mla_decode_serving(dtype, block_size, extras):
     assert_close_to_ref(lse, ref[1], same[1].float(), name="lse")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("block_size", [None, 16])
+def test_mla_decode_serving_cuda(block_size):
+    ql, qr, cache, lens, kw = mla_serving_inputs([1, 200, 0, 4], [17, 230, 3, 9], block_size=block_size,
+                                                 dtype=torch.bfloat16, pool_rows=6, leftpad=[0, 30, 2, 1])
+    out, lse = attn_ops.mla_decode(ql.cuda(), qr.cuda(), cache.cuda(), lens.cuda(), scale=0.11, **cuda_kw(kw))
+    ref = mla_decode_serving_ref(ql, qr, cache, lens, scale=0.11, **kw)
+    same = mla_decode_serving_ref(ql, qr, cache, lens, scale=0.11, **kw, compute_dtype=torch.bfloat16)
+    assert_close_to_ref(out.cpu(), ref[0], same[0], name="out_latent")
+    assert_close_to_ref(lse.cpu(), ref[1], same[1].float(), name="lse")
+
+
 # --------------------------------------------------------------------------------------------------
 # Appends with cache_batch_idx: bit-exact against plain indexing; other pool rows untouched
 # --------------------------------------------------------------------------------------------------
@@ -209,6 +233,27 @@ def test_mla_cache_append_batch_idx():
     mla_cache_append_rows_ref_(ref, c_kv, k_pe, lens, idx)
     attn_ops.mla_cache_append(cache, c_kv, k_pe, cache_seqlens=lens, cache_batch_idx=idx)
     assert torch.equal(cache, ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_appends_batch_idx_cuda(dtype):
+    kc, vc = torch.randn(6, 16, 2, 8, dtype=dtype), torch.randn(6, 16, 2, 12, dtype=dtype)
+    k, v = torch.randn(3, 4, 2, 8, dtype=dtype), torch.randn(3, 4, 2, 12, dtype=dtype)
+    lens, idx = i32([0, 12, 5]), i32([4, 0, 2])
+    kr, vr = kc.clone(), vc.clone()
+    kv_cache_append_rows_ref_(kr, vr, k, v, lens, idx)
+    kd, vd = kc.cuda(), vc.cuda()
+    attn_ops.kv_cache_append(kd, vd, k.cuda(), v.cuda(), lens.cuda(), cache_batch_idx=idx.cuda())
+    assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)
+    cache = torch.randn(5, 10, 24, dtype=dtype)
+    c_kv, k_pe = torch.randn(2, 3, 16, dtype=dtype), torch.randn(2, 3, 8, dtype=dtype)
+    lens, idx = i32([7, 0]), i32([3, 1])
+    ref = cache.clone()
+    mla_cache_append_rows_ref_(ref, c_kv, k_pe, lens, idx)
+    cd = cache.cuda()
+    attn_ops.mla_cache_append(cd, c_kv.cuda(), k_pe.cuda(), cache_seqlens=lens.cuda(), cache_batch_idx=idx.cuda())
+    assert torch.equal(cd.cpu(), ref)
 
 
 # --------------------------------------------------------------------------------------------------
