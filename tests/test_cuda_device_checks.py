@@ -62,6 +62,31 @@ REJECTIONS = {
         "cache = torch.randn(2, 16, 576, dtype=torch.bfloat16, device=d)\n"
         "attn_ops.mla_decode(ql, qr, cache, torch.tensor([-1, 3], dtype=torch.int32, device=d), scale=0.1)",
         "attn_ops.mla_decode: cache_seqlens[0] = -1 must be >= 0"),
+    "kvcache_batch_idx": (
+        "q = torch.randn(2, 1, 4, 64, device=d); kc = torch.randn(3, 16, 2, 64, device=d)\n"
+        "i = torch.tensor([2, 3], dtype=torch.int32, device=d)\n"
+        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([3, 5], dtype=torch.int32, device=d), cache_batch_idx=i)",
+        "attn_ops.attention_with_kvcache: cache_batch_idx[1] = 3 is out of range [0, 3) (the rows of k_cache)"),
+    "kvcache_leftpad": (
+        "q = torch.randn(2, 1, 4, 64, device=d); kc = torch.randn(2, 16, 2, 64, device=d)\n"
+        "p = torch.tensor([1, 6], dtype=torch.int32, device=d)\n"
+        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([3, 5], dtype=torch.int32, device=d), cache_leftpad=p)",
+        "attn_ops.attention_with_kvcache: cache_leftpad[1] = 6 exceeds cache_seqlens[1] = 5 (the keys of row 1 are "
+        "cache positions cache_leftpad[1] .. cache_seqlens[1] - 1)"),
+    "kvcache_selected_block_table": (
+        "q = torch.randn(2, 1, 4, 64, device=d); kc = torch.randn(6, 16, 2, 64, device=d)\n"
+        "bt = torch.tensor([[3, 0], [7, 9], [2, 1]], dtype=torch.int32, device=d)\n"
+        "i = torch.tensor([2, 1], dtype=torch.int32, device=d); p = torch.tensor([0, 16], dtype=torch.int32, device=d)\n"
+        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([20, 20], dtype=torch.int32, device=d), "
+        "block_table=bt, cache_batch_idx=i, cache_leftpad=p)",
+        "attn_ops.attention_with_kvcache: block_table[1, 1] = 9 is out of range [0, 6)"),
+    "append_batch_idx_repeat": (
+        "kc = torch.randn(4, 16, 2, 8, device=d); vc = torch.randn_like(kc)\n"
+        "k = torch.randn(3, 1, 2, 8, device=d)\n"
+        "attn_ops.kv_cache_append(kc, vc, k, k.clone(), torch.tensor([0, 1, 2], dtype=torch.int32, device=d), "
+        "cache_batch_idx=torch.tensor([3, 0, 3], dtype=torch.int32, device=d))",
+        "attn_ops.kv_cache_append: cache_batch_idx[2] = 3 repeats cache_batch_idx[0]: the rows of one write must be "
+        "distinct cache rows"),
     "rotary_position": (
         "cos, sin = attn_ops.rotary_cos_sin(16, 8, device=d)\n"
         "x = torch.randn(2, 3, 2, 8, device=d)\n"
