@@ -3,6 +3,7 @@
 #include "attention/kvcache_entry.h"
 #include "attention/validation.h"
 #include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/decode_cpu.h"
 #include "attention/cpu/row_ops.h"
 
 #include <ATen/ATen.h>
@@ -208,7 +209,10 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
   };
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
     using acc_t = acc_type<scalar_t>;
-    attention_forward_kernel<scalar_t, acc_t>(
+    // Few query rows per KV head (decode): the kernel that streams the cache; else the tiled one.
+    const auto kernel =
+        decode_kernel_applies(p) ? &decode_forward_kernel<scalar_t, acc_t> : &attention_forward_kernel<scalar_t, acc_t>;
+    kernel(
         p, q.const_data_ptr<scalar_t>(), dense(q, 1, 2), k_cache.const_data_ptr<scalar_t>(),
         cache_layout(k_cache, table_ptr, batch), v_cache.const_data_ptr<scalar_t>(),
         cache_layout(v_cache, table_ptr, batch), out.mutable_data_ptr<scalar_t>(), dense(out, 1, 2),
