@@ -26,10 +26,13 @@
 namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
 namespace {
 
-constexpr int kRowBlock = 4;
-// Registers: kRowBlock * (kKeyBlock or kValueBlock) accumulators + the loaded vectors; AVX-512 has 32.
-constexpr int kKeyBlock = Vec<float>::size() >= 16 ? 4 : 2;
-constexpr int kValueBlock = Vec<float>::size() >= 16 ? 4 : 2;
+// Registers: kRowBlock * (kKeyBlock or kValueBlock) accumulators + the loaded vectors: 8 x 3 + 4 of
+// AVX-512's 32, 4 x 2 + 3 of AVX2's 16. Many rows per block (MLA's 16 heads) cut the reloads of each
+// key and value vector, which come from L2 once the tile is bigger than L1.
+constexpr bool kWide = Vec<float>::size() >= 16;
+constexpr int kRowBlock = kWide ? 8 : 4;
+constexpr int kKeyBlock = kWide ? 3 : 2;
+constexpr int kValueBlock = kWide ? 3 : 2;
 
 // W consecutive values as a vector of the accumulation type (bfloat16 / float16 widened in registers).
 inline Vec<float> load_acc(const float* x) { return Vec<float>::loadu(x); }
@@ -45,6 +48,14 @@ inline Vec<float> load_acc(const c10::Half* x) {
   return out;
 }
 
+// Fully unrolls a loop over a block dimension early, so the accumulator arrays become registers
+// (at::vec's vector types may alias any float: an array left in memory is stored on every step).
+#if defined(__GNUC__) && !defined(__clang__)
+#define ATTN_OPS_UNROLL _Pragma("GCC unroll 16")
+#else
+#define ATTN_OPS_UNROLL
+#endif
+
 // Calls f(std::integral_constant<int, n>) for a runtime n in [1, Max].
 template <int Max, typename F>
 inline void with_block(int64_t n, const F& f) {
@@ -56,12 +67,21 @@ inline void with_block(int64_t n, const F& f) {
   f(std::integral_constant<int, Max>{});
 }
 
+// The sum of a vector's lanes. Takes a copy: a reference into the caller's accumulator array would make
+// the compiler keep that array in memory, storing every accumulator on each step of the loop.
+template <typename T>
+inline T sum_lanes(Vec<T> v) {
+  return at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, v);
+}
+
 // s[r * lds + j] = sum_d q[r * dim + d] * key_j[d] for RB rows and KB keys.
 template <int RB, int KB, typename scalar_t, typename acc_t>
 inline void score_block(const acc_t* q, int64_t dim, const scalar_t* const* keys, acc_t* s, int64_t lds) {
   constexpr int64_t W = Vec<acc_t>::size();
   Vec<acc_t> acc[RB][KB];
+  ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
     for (int j = 0; j < KB; ++j) {
       acc[r][j] = Vec<acc_t>(acc_t(0));
     }
@@ -69,19 +89,24 @@ inline void score_block(const acc_t* q, int64_t dim, const scalar_t* const* keys
   int64_t d = 0;
   for (; d + W <= dim; d += W) {
     Vec<acc_t> kv[KB];
+    ATTN_OPS_UNROLL
     for (int j = 0; j < KB; ++j) {
       kv[j] = load_acc(keys[j] + d);
     }
+    ATTN_OPS_UNROLL
     for (int r = 0; r < RB; ++r) {
       const Vec<acc_t> qv = Vec<acc_t>::loadu(q + r * dim + d);
+      ATTN_OPS_UNROLL
       for (int j = 0; j < KB; ++j) {
         acc[r][j] = at::vec::fmadd(qv, kv[j], acc[r][j]);
       }
     }
   }
+  ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
     for (int j = 0; j < KB; ++j) {
-      acc_t sum = at::vec::vec_reduce_all<acc_t>([](Vec<acc_t>& a, Vec<acc_t>& b) { return a + b; }, acc[r][j]);
+      acc_t sum = sum_lanes(acc[r][j]);
       for (int64_t t = d; t < dim; ++t) {
         sum += q[r * dim + t] * static_cast<acc_t>(keys[j][t]);
       }
@@ -96,24 +121,31 @@ inline void value_block(const acc_t* p, int64_t ldp, const scalar_t* const* valu
                         int64_t ldo) {
   constexpr int64_t W = Vec<acc_t>::size();
   Vec<acc_t> acc[RB][NB];
+  ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
     for (int i = 0; i < NB; ++i) {
       acc[r][i] = Vec<acc_t>::loadu(o + r * ldo + d0 + i * W);
     }
   }
   for (int64_t j = 0; j < n; ++j) {
     Vec<acc_t> vv[NB];
+    ATTN_OPS_UNROLL
     for (int i = 0; i < NB; ++i) {
       vv[i] = load_acc(values[j] + d0 + i * W);
     }
+    ATTN_OPS_UNROLL
     for (int r = 0; r < RB; ++r) {
       const Vec<acc_t> pr(p[r * ldp + j]);
+      ATTN_OPS_UNROLL
       for (int i = 0; i < NB; ++i) {
         acc[r][i] = at::vec::fmadd(pr, vv[i], acc[r][i]);
       }
     }
   }
+  ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
     for (int i = 0; i < NB; ++i) {
       acc[r][i].store(o + r * ldo + d0 + i * W);
     }
