@@ -58,8 +58,26 @@ struct DecodeScratch {
   std::vector<const scalar_t*> key_rows, value_rows;
   DecodeScratch(int64_t rows, int64_t dqk, int64_t dv)
       : q(rows * dqk), scores(rows * kDecodeChunk), row_max(rows), row_sum(rows), out(rows * dv), lse(rows),
-        key_lo(rows), key_hi(rows), key_rows(kDecodeChunk), value_rows(kDecodeChunk) {}
+        key_lo(rows), key_hi(rows), key_rows(2 * kDecodeChunk), value_rows(2 * kDecodeChunk) {}
 };
+
+template <typename scalar_t>
+struct CacheRows {
+  const scalar_t* k;
+  const KeyLayout* k_layout;
+  const scalar_t* v;
+  const KeyLayout* v_layout;
+};
+
+template <typename scalar_t, typename acc_t>
+void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t k0, int64_t n, const scalar_t** keys,
+                 const scalar_t** values) {
+  const auto& c = *static_cast<const CacheRows<scalar_t>*>(a.layouts);
+  for (int64_t j = 0; j < n; ++j) {
+    keys[j] = c.k + c.k_layout->at(a.batch, k0 + j, a.kv_head);
+    values[j] = c.v + c.v_layout->at(a.batch, k0 + j, a.kv_head);
+  }
+}
 
 }  // namespace
 
@@ -91,6 +109,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
   std::vector<acc_t> part_lse(splits > 1 ? splits * rows_total : 0);
   const DecodeRowsFn<scalar_t, acc_t> decode_rows = decode_rows_for_this_cpu<scalar_t, acc_t>();
   const acc_t scale = static_cast<acc_t>(p.scale);
+  const CacheRows<scalar_t> cache{k, &k_layout, v, &v_layout};
 
   parallel_items(
       items * splits, flops, [&] { return DecodeScratch<scalar_t, acc_t>(max_rows, Dqk, Dv); },
@@ -116,10 +135,8 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.q = s.q.data();
         a.key_lo = s.key_lo.data();
         a.key_hi = s.key_hi.data();
-        a.k = k;
-        a.k_layout = &k_layout;
-        a.v = v;
-        a.v_layout = &v_layout;
+        a.locate = &locate_rows<scalar_t, acc_t>;
+        a.layouts = &cache;
         a.batch = b;
         a.kv_head = g;
         a.k_begin = k_begin;

@@ -20,16 +20,16 @@ struct DecodeRows {
   const acc_t* q = nullptr;           // [rows, dim_qk], already multiplied by the softmax scale
   const int64_t* key_lo = nullptr;    // [rows]: first visible key of each row
   const int64_t* key_hi = nullptr;    // [rows]: last visible key of each row
-  const scalar_t* k = nullptr;        // the key cache, addressed through k_layout
-  const KeyLayout* k_layout = nullptr;
-  const scalar_t* v = nullptr;        // the value cache, addressed through v_layout
-  const KeyLayout* v_layout = nullptr;
+  // Sets keys[i] / values[i] to the cache rows of keys k0 + i, i < n. Compiled with the build's flags (in
+  // decode_cpu.cpp), so the per-ISA kernels share no layout code with the rest of the library.
+  void (*locate)(const DecodeRows& a, int64_t k0, int64_t n, const scalar_t** keys, const scalar_t** values) = nullptr;
+  const void* layouts = nullptr;      // what locate reads (the caches and their KeyLayouts)
   int64_t batch = 0, kv_head = 0, k_begin = 0, k_end = 0;
   acc_t softcap = 0;
   // Scratch.
   acc_t* scores = nullptr;                // [rows, kDecodeChunk]
-  const scalar_t** key_rows = nullptr;    // [kDecodeChunk]
-  const scalar_t** value_rows = nullptr;  // [kDecodeChunk]
+  const scalar_t** key_rows = nullptr;    // [2 * kDecodeChunk]: this tile's rows, then the next tile's
+  const scalar_t** value_rows = nullptr;  // [2 * kDecodeChunk]
   acc_t* row_max = nullptr;               // [rows]
   acc_t* row_sum = nullptr;               // [rows]
   // Results.

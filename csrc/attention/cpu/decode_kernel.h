@@ -177,14 +177,12 @@ void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
   fill_row(a.out, rows * Dv, acc_t(0));
   for (int64_t k0 = a.k_begin; k0 < a.k_end; k0 += kDecodeChunk) {
     const int64_t n = std::min(kDecodeChunk, a.k_end - k0);
-    for (int64_t j = 0; j < n; ++j) {
-      a.key_rows[j] = a.k + a.k_layout->at(a.batch, k0 + j, a.kv_head);
-      a.value_rows[j] = a.v + a.v_layout->at(a.batch, k0 + j, a.kv_head);
-    }
+    const int64_t n_next = std::min(kDecodeChunk, a.k_end - k0 - n);
+    a.locate(a, k0, n + n_next, a.key_rows, a.value_rows);
     // The next tile's rows, requested while this one computes.
-    for (int64_t j = k0 + kDecodeChunk; j < std::min(a.k_end, k0 + 2 * kDecodeChunk); ++j) {
-      prefetch_row(a.k + a.k_layout->at(a.batch, j, a.kv_head), Dqk);
-      prefetch_row(a.v + a.v_layout->at(a.batch, j, a.kv_head), Dv);
+    for (int64_t j = n; j < n + n_next; ++j) {
+      prefetch_row(a.key_rows[j], Dqk);
+      prefetch_row(a.value_rows[j], Dv);
     }
     // scores[rows, n] = Q K^T (q carries the scale)
     for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
