@@ -56,8 +56,9 @@ struct DecodeScratch {
   std::vector<acc_t> q, scores, row_max, row_sum, out, lse;
   std::vector<int64_t> key_lo, key_hi;
   std::vector<const scalar_t*> key_rows, value_rows;
-  DecodeScratch(int64_t rows, int64_t dqk, int64_t dv)
-      : q(rows * dqk), scores(rows * kDecodeChunk), row_max(rows), row_sum(rows), out(rows * dv), lse(rows),
+  DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv)
+      : q(heads * rows * dqk), scores(rows * kDecodeChunk), row_max(heads * rows), row_sum(heads * rows),
+        out(heads * rows * dv), lse(heads * rows),
         key_lo(rows), key_hi(rows), key_rows(2 * kDecodeChunk), value_rows(2 * kDecodeChunk) {}
 };
 
@@ -70,12 +71,12 @@ struct CacheRows {
 };
 
 template <typename scalar_t, typename acc_t>
-void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t k0, int64_t n, const scalar_t** keys,
+void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys,
                  const scalar_t** values) {
   const auto& c = *static_cast<const CacheRows<scalar_t>*>(a.layouts);
   for (int64_t j = 0; j < n; ++j) {
-    keys[j] = c.k + c.k_layout->at(a.batch, k0 + j, a.kv_head);
-    values[j] = c.v + c.v_layout->at(a.batch, k0 + j, a.kv_head);
+    keys[j] = c.k + c.k_layout->at(a.batch, k0 + j, head);
+    values[j] = c.v + c.v_layout->at(a.batch, k0 + j, head);
   }
 }
 
@@ -91,7 +92,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
                            const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout,
                            scalar_t* out, const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
-  const int64_t items = p.batch * p.heads_kv;
+  const int64_t items = p.batch;  // all KV heads of a sequence together: the cache is read in address order
   int64_t longest_k = 0, max_rows = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     longest_k = std::max(longest_k, p.len_k[b]);
@@ -112,23 +113,27 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
   const CacheRows<scalar_t> cache{k, &k_layout, v, &v_layout};
 
   parallel_items(
-      items * splits, flops, [&] { return DecodeScratch<scalar_t, acc_t>(max_rows, Dqk, Dv); },
+      items * splits, flops, [&] { return DecodeScratch<scalar_t, acc_t>(p.heads_kv, max_rows, Dqk, Dv); },
       [&](int64_t item, DecodeScratch<scalar_t, acc_t>& s) {
-        const int64_t split = item % splits, g = (item / splits) % p.heads_kv, b = item / (splits * p.heads_kv);
+        const int64_t split = item % splits, b = item / splits, Hkv = p.heads_kv;
         const int64_t positions = p.len_q[b], rows = positions * G;
         // The keys any row sees, cut into `splits` equal chunks.
         const int64_t first = positions == 0 ? 0 : p.key_lo(b, 0);
         const int64_t last = positions == 0 ? -1 : p.key_hi(b, positions - 1);
         const int64_t per_split = (std::max<int64_t>(0, last - first + 1) + splits - 1) / splits;
         const int64_t k_begin = first + split * per_split, k_end = std::min(last + 1, k_begin + per_split);
-        for (int64_t r = 0; r < rows; ++r) {  // row r: position r / G of head g * G + r % G
+        for (int64_t r = 0; r < rows; ++r) {  // row r of KV head g: position r / G of head g * G + r % G
           const int64_t pos = r / G;
-          convert_row(q + q_layout.at(b, pos, g * G + r % G), s.q.data() + r * Dqk, Dqk);
-          scale_row(s.q.data() + r * Dqk, Dqk, scale);
+          for (int64_t g = 0; g < Hkv; ++g) {
+            acc_t* q_row = s.q.data() + (g * rows + r) * Dqk;
+            convert_row(q + q_layout.at(b, pos, g * G + r % G), q_row, Dqk);
+            scale_row(q_row, Dqk, scale);
+          }
           s.key_lo[r] = p.key_lo(b, pos);
           s.key_hi[r] = p.key_hi(b, pos);
         }
         DecodeRows<scalar_t, acc_t> a;
+        a.heads = Hkv;
         a.rows = rows;
         a.dim_qk = Dqk;
         a.dim_v = Dv;
@@ -138,7 +143,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.locate = &locate_rows<scalar_t, acc_t>;
         a.layouts = &cache;
         a.batch = b;
-        a.kv_head = g;
+        a.kv_head = 0;
         a.k_begin = k_begin;
         a.k_end = k_end;
         a.softcap = static_cast<acc_t>(p.softcap);
@@ -150,15 +155,15 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.out = s.out.data();
         a.lse = s.lse.data();
         decode_rows(a);
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t pos = r / G, h = g * G + r % G;
+        for (int64_t gr = 0; gr < Hkv * rows; ++gr) {
+          const int64_t g = gr / rows, r = gr % rows, pos = r / G, h = g * G + r % G;
           if (splits == 1) {
-            convert_row(s.out.data() + r * Dv, out + out_layout.at(b, pos, h), Dv);
-            lse[lse_layout.at(b, pos, h)] = s.lse[r];
+            convert_row(s.out.data() + gr * Dv, out + out_layout.at(b, pos, h), Dv);
+            lse[lse_layout.at(b, pos, h)] = s.lse[gr];
           } else {
             const int64_t row = split * rows_total + (p.token_q[b] + pos) * Hq + h;
-            std::copy_n(s.out.data() + r * Dv, Dv, part_out.data() + row * Dv);
-            part_lse[row] = s.lse[r];
+            std::copy_n(s.out.data() + gr * Dv, Dv, part_out.data() + row * Dv);
+            part_lse[row] = s.lse[gr];
           }
         }
       });

@@ -12,17 +12,18 @@ namespace attn_ops::cpu {
 constexpr int64_t kDecodeChunk = 64;     // keys per tile: scores [rows, kDecodeChunk] stay in L1
 constexpr int64_t kMaxDecodeRows = 32;   // query rows per KV head (positions x group) the kernel takes
 
-// One work item of the decode kernel: all query rows of one (sequence, KV head) over keys
-// [k_begin, k_end). Row r is query position r / group of head kv_head * group + r % group.
+// One work item of the decode kernel: all query rows of `heads` KV heads from kv_head on, of one sequence,
+// over keys [k_begin, k_end). Row r of a KV head g is query position r / group of head g * group + r % group;
+// the per-row arrays hold the heads one after another ([heads, rows, ...]).
 template <typename scalar_t, typename acc_t>
 struct DecodeRows {
-  int64_t rows = 0, dim_qk = 0, dim_v = 0;
-  const acc_t* q = nullptr;           // [rows, dim_qk], already multiplied by the softmax scale
+  int64_t heads = 1, rows = 0, dim_qk = 0, dim_v = 0;  // rows: per KV head
+  const acc_t* q = nullptr;           // [heads, rows, dim_qk], already multiplied by the softmax scale
   const int64_t* key_lo = nullptr;    // [rows]: first visible key of each row
   const int64_t* key_hi = nullptr;    // [rows]: last visible key of each row
-  // Sets keys[i] / values[i] to the cache rows of keys k0 + i, i < n. Compiled with the build's flags (in
+  // Sets keys[i] / values[i] to the cache rows of keys k0 + i, i < n, of KV head `head`. Compiled with the build's flags (in
   // decode_cpu.cpp), so the per-ISA kernels share no layout code with the rest of the library.
-  void (*locate)(const DecodeRows& a, int64_t k0, int64_t n, const scalar_t** keys, const scalar_t** values) = nullptr;
+  void (*locate)(const DecodeRows& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys, const scalar_t** values) = nullptr;
   const void* layouts = nullptr;      // what locate reads (the caches and their KeyLayouts)
   int64_t batch = 0, kv_head = 0, k_begin = 0, k_end = 0;
   acc_t softcap = 0;
@@ -30,11 +31,11 @@ struct DecodeRows {
   acc_t* scores = nullptr;                // [rows, kDecodeChunk]
   const scalar_t** key_rows = nullptr;    // [2 * kDecodeChunk]: this tile's rows, then the next tile's
   const scalar_t** value_rows = nullptr;  // [2 * kDecodeChunk]
-  acc_t* row_max = nullptr;               // [rows]
-  acc_t* row_sum = nullptr;               // [rows]
+  acc_t* row_max = nullptr;               // [heads, rows]
+  acc_t* row_sum = nullptr;               // [heads, rows]
   // Results.
-  acc_t* out = nullptr;  // [rows, dim_v]: the normalized output
-  acc_t* lse = nullptr;  // [rows]
+  acc_t* out = nullptr;  // [heads, rows, dim_v]: the normalized output
+  acc_t* lse = nullptr;  // [heads, rows]
 };
 
 template <typename scalar_t, typename acc_t>
