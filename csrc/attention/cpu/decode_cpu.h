@@ -21,9 +21,10 @@ struct DecodeRows {
   const acc_t* q = nullptr;           // [heads, rows, dim_qk], already multiplied by the softmax scale
   const int64_t* key_lo = nullptr;    // [rows]: first visible key of each row
   const int64_t* key_hi = nullptr;    // [rows]: last visible key of each row
-  // Sets keys[i] / values[i] to the cache rows of keys k0 + i, i < n, of KV head `head`. Compiled with the build's flags (in
-  // decode_cpu.cpp), so the per-ISA kernels share no layout code with the rest of the library.
-  void (*locate)(const DecodeRows& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys, const scalar_t** values) = nullptr;
+  // Sets keys[i] / values[i] to the cache rows of keys k0 + i, i < n, of KV head `head`. Compiled with the
+  // build's flags (in decode_cpu.cpp), so the per-ISA kernels share no layout code with the rest of the library.
+  void (*locate)(const DecodeRows& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys,
+                 const scalar_t** values) = nullptr;
   const void* layouts = nullptr;      // what locate reads (the caches and their KeyLayouts)
   int64_t batch = 0, kv_head = 0, k_begin = 0, k_end = 0;
   acc_t softcap = 0;

@@ -177,58 +177,58 @@ void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
   fill_row(a.out, all_rows * Dv, acc_t(0));
   // Key tiles outside, heads inside: a BSHD cache is then read in address order, every page once.
   for (int64_t k0 = a.k_begin; k0 < a.k_end; k0 += kDecodeChunk) {
-   for (int64_t head = 0; head < a.heads; ++head) {
-    const acc_t* q = a.q + head * rows * Dqk;
-    acc_t* out = a.out + head * rows * Dv;
-    acc_t* row_max = a.row_max + head * rows;
-    acc_t* row_sum = a.row_sum + head * rows;
-    const int64_t n = std::min(kDecodeChunk, a.k_end - k0);
-    const int64_t n_next = std::min(kDecodeChunk, a.k_end - k0 - n);
-    a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
-    // The next tile's rows, requested while this one computes.
-    for (int64_t j = n; j < n + n_next; ++j) {
-      prefetch_row(a.key_rows[j], Dqk);
-      prefetch_row(a.value_rows[j], Dv);
-    }
-    // scores[rows, n] = Q K^T (q carries the scale)
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-      with_block<kRowBlock>(rows - r0, [&](auto rb) {
-        for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
-          with_block<kKeyBlock>(n - j0, [&](auto kb) {
-            score_block<decltype(rb)::value, decltype(kb)::value>(q + r0 * Dqk, Dqk, a.key_rows + j0, a.scores + r0 * kDecodeChunk + j0,
-                                    kDecodeChunk);
-          });
-        }
-      });
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
-      const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
-      online_softmax_step(a.scores + r * kDecodeChunk, n, lo, hi, a.softcap, row_max[r], row_sum[r], out + r * Dv,
-                          Dv);
-    }
-    // out[rows, Dv] += P V: whole blocks of vectors, then the remaining columns one by one
-    const int64_t d_vec = Dv / W * W;
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-      with_block<kRowBlock>(rows - r0, [&](auto rb) {
-        for (int64_t d0 = 0; d0 < d_vec; d0 += kValueBlock * W) {
-          with_block<kValueBlock>((d_vec - d0) / W, [&](auto nb) {
-            value_block<decltype(rb)::value, decltype(nb)::value>(a.scores + r0 * kDecodeChunk, kDecodeChunk, a.value_rows, n, d0,
-                                    out + r0 * Dv, Dv);
-          });
-        }
-      });
-    }
-    for (int64_t d = d_vec; d < Dv; ++d) {
+    for (int64_t head = 0; head < a.heads; ++head) {
+      const acc_t* q = a.q + head * rows * Dqk;
+      acc_t* out = a.out + head * rows * Dv;
+      acc_t* row_max = a.row_max + head * rows;
+      acc_t* row_sum = a.row_sum + head * rows;
+      const int64_t n = std::min(kDecodeChunk, a.k_end - k0);
+      const int64_t n_next = std::min(kDecodeChunk, a.k_end - k0 - n);
+      a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
+      // The next tile's rows, requested while this one computes.
+      for (int64_t j = n; j < n + n_next; ++j) {
+        prefetch_row(a.key_rows[j], Dqk);
+        prefetch_row(a.value_rows[j], Dv);
+      }
+      // scores[rows, n] = Q K^T (q carries the scale)
+      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+        with_block<kRowBlock>(rows - r0, [&](auto rb) {
+          for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+            with_block<kKeyBlock>(n - j0, [&](auto kb) {
+              score_block<decltype(rb)::value, decltype(kb)::value>(
+                  q + r0 * Dqk, Dqk, a.key_rows + j0, a.scores + r0 * kDecodeChunk + j0, kDecodeChunk);
+            });
+          }
+        });
+      }
       for (int64_t r = 0; r < rows; ++r) {
-        acc_t sum = out[r * Dv + d];
-        for (int64_t j = 0; j < n; ++j) {
-          sum += a.scores[r * kDecodeChunk + j] * static_cast<acc_t>(a.value_rows[j][d]);
+        const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
+        const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
+        online_softmax_step(a.scores + r * kDecodeChunk, n, lo, hi, a.softcap, row_max[r], row_sum[r], out + r * Dv,
+                            Dv);
+      }
+      // out[rows, Dv] += P V: whole blocks of vectors, then the remaining columns one by one
+      const int64_t d_vec = Dv / W * W;
+      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+        with_block<kRowBlock>(rows - r0, [&](auto rb) {
+          for (int64_t d0 = 0; d0 < d_vec; d0 += kValueBlock * W) {
+            with_block<kValueBlock>((d_vec - d0) / W, [&](auto nb) {
+              value_block<decltype(rb)::value, decltype(nb)::value>(
+                  a.scores + r0 * kDecodeChunk, kDecodeChunk, a.value_rows, n, d0, out + r0 * Dv, Dv);
+            });
+          }
+        });
+      }
+      for (int64_t d = d_vec; d < Dv; ++d) {
+        for (int64_t r = 0; r < rows; ++r) {
+          acc_t sum = out[r * Dv + d];
+          for (int64_t j = 0; j < n; ++j) {
+            sum += a.scores[r * kDecodeChunk + j] * static_cast<acc_t>(a.value_rows[j][d]);
+          }
+          out[r * Dv + d] = sum;
         }
-        out[r * Dv + d] = sum;
       }
     }
-   }
   }
   for (int64_t r = 0; r < all_rows; ++r) {
     a.lse[r] = finish_row(a.out + r * Dv, Dv, a.row_max[r], a.row_sum[r]);
