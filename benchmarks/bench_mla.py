@@ -220,8 +220,37 @@ def render_markdown(run, results):
         [("rel. diff", "rel_diff_vs_torch"), ("paged diff", "rel_diff_paged_vs_contiguous")],
         "Latent-cache appends (one row per batch row): median time (GB/s, bytes read + written); "
         "latency-bound at these sizes.")
+    L += compute_lines(run, results)
     L += common.skipped_lines(run.notes)
     return "\n".join(L)
+
+
+def mla_flops(r):
+    """Floating-point operations of one absorbed decode: per head and cached row, a dot product over
+    kv_lora_rank + rope_dim (scores) and an axpy over kv_lora_rank (values), 2 flops per multiply-add."""
+    return 2 * r["B"] * r["H"] * r["context"] * (2 * r["kv_lora_rank"] + r["rope_dim"])
+
+
+def compute_lines(run, results):
+    """MLA decode is compute-bound at H >= 16 (16+ flops per float32 byte): GFLOP/s of every
+    implementation next to the float32 matmul rate measured in this run."""
+    mm = common.matmul_gflops(run.ceilings, "float32")
+    impls = [i for i in run.args.impls if i != "ours[graph]"]
+    rows = []
+    for r in results:
+        cells = []
+        for i in impls:
+            e = r["impls"].get(i)
+            cells.append(f"{mla_flops(r) / (e['median_ms'] / 1e3) / 1e9:.1f}" if e and e["status"] == "ok"
+                         else (e["status"] if e else "-"))
+        o = r["impls"].get("ours")
+        share = (f"{100 * mla_flops(r) / (o['median_ms'] / 1e3) / 1e9 / mm:.0f}%"
+                 if o and o["status"] == "ok" and mm else "-")
+        rows.append([str(r["B"]), str(r["context"]), str(r["H"])] + cells + [share])
+    return ["", f"Compute: GFLOP/s (2 x B x H x context x (2 kv_lora_rank + rope_dim) / median time) next "
+            f"to the float32 matmul rate measured above ({mm:.1f} GFLOP/s).", "",
+            common.markdown_table(["B", "context", "H"] + [f"{i} GFLOP/s" for i in impls] + ["ours % fp32 matmul"],
+                                  rows)]
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,8 @@
 //
 // One work item is (sequence, KV head, split). A split owns every `splits`-th key block of its
 // sequence, accumulates dK/dV of those blocks privately (summed over the group's query heads, no
-// races) and adds its dQ contributions into its own float buffer; the buffers are summed at the end.
+// races) and adds its dQ contributions into its own float buffer; the buffers are summed at the end
+// (with one split of a float32 / float64 problem, into dq itself).
 // Splits exist so that a problem with few (sequence, KV head) pairs (MQA, batch 1) still fills every
 // thread; the result does not depend on the thread count's schedule (deterministic).
 #include "attention/cpu/attention_cpu.h"
@@ -15,6 +16,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace attn_ops::cpu {
@@ -77,17 +79,34 @@ void attention_backward_kernel(const AttentionProblem& p, const scalar_t* dout, 
   for (int64_t b = 0; b < p.batch; ++b) {
     max_key_blocks = std::max(max_key_blocks, (p.len_k[b] + kKeyBlock - 1) / kKeyBlock);
   }
+  const double backward_flops = 2.5 * p.forward_flops();
   const int64_t pairs = std::max<int64_t>(1, p.batch * p.heads_kv);
   const int64_t dq_bytes = std::max<int64_t>(1, p.total_q * Hq * Dqk * static_cast<int64_t>(sizeof(acc_t)));
   const int64_t splits = std::max<int64_t>(
-      1, std::min({(2 * at::get_num_threads() + pairs - 1) / pairs, max_key_blocks, kMaxDqBufferBytes / dq_bytes}));
-  std::vector<acc_t> dq_partial(splits * p.total_q * Hq * Dqk, acc_t(0));  // [splits, total_q, Hq, Dqk]
+      1, std::min({(2 * parallel_threads(backward_flops) + pairs - 1) / pairs, max_key_blocks,
+                   kMaxDqBufferBytes / dq_bytes}));
+  // One split of float32 / float64 accumulates into dq itself (the items' rows are disjoint): no
+  // buffer the size of dq, which is most of the backward's memory beyond its inputs at long lengths.
+  constexpr bool same_type = std::is_same_v<scalar_t, acc_t>;
+  const bool direct = same_type && splits == 1;
+  std::vector<acc_t> dq_partial(direct ? 0 : splits * p.total_q * Hq * Dqk, acc_t(0));  // [splits, total_q, Hq, Dqk]
+  // The dQ accumulator of (sequence b, position i, head h) in split `split`.
+  auto dq_row = [&](int64_t b, int64_t i, int64_t h, int64_t split = 0) -> acc_t* {
+    if constexpr (same_type) {
+      if (direct) {
+        return dq + dq_layout.at(b, i, h);
+      }
+    }
+    return dq_partial.data() + ((split * p.total_q + p.token_q[b] + i) * Hq + h) * Dqk;
+  };
+  if (direct) {
+    for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t) { fill_row(dq_row(b, i, h), Dqk, acc_t(0)); });
+  }
 
   parallel_items(
-      p.batch * p.heads_kv * splits, [&] { return BackwardScratch<acc_t>(max_rows, Dqk, Dv); },
+      p.batch * p.heads_kv * splits, backward_flops, [&] { return BackwardScratch<acc_t>(max_rows, Dqk, Dv); },
       [&](int64_t item, BackwardScratch<acc_t>& s) {
         const int64_t split = item % splits, g = (item / splits) % p.heads_kv, b = item / (splits * p.heads_kv);
-        acc_t* dq_acc = dq_partial.data() + split * p.total_q * Hq * Dqk;
         const int64_t Tk = p.len_k[b];
         for (int64_t k0 = split * kKeyBlock; k0 < Tk; k0 += splits * kKeyBlock) {
           const int64_t n = std::min(kKeyBlock, Tk - k0);
@@ -144,7 +163,7 @@ void attention_backward_kernel(const AttentionProblem& p, const scalar_t* dout, 
                         s.dq.data(), Dqk);
             for (int64_t r = 0; r < rows; ++r) {
               const int64_t pos = i0 + r / G, h = g * G + r % G;
-              add_row(dq_acc + ((p.token_q[b] + pos) * Hq + h) * Dqk, s.dq.data() + r * Dqk, Dqk);
+              add_row(dq_row(b, pos, h, split), s.dq.data() + r * Dqk, Dqk);
             }
           }
           for (int64_t j = 0; j < n; ++j) {
@@ -154,11 +173,14 @@ void attention_backward_kernel(const AttentionProblem& p, const scalar_t* dout, 
         }
       });
 
+  if (direct) {
+    return;
+  }
   // dq = sum of the splits' partial sums.
-  for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t row) {
-    acc_t* first = dq_partial.data() + row * Dqk;
+  for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t) {
+    acc_t* first = dq_row(b, i, h);
     for (int64_t split = 1; split < splits; ++split) {
-      add_row(first, dq_partial.data() + (split * p.total_q * Hq + row) * Dqk, Dqk);
+      add_row(first, dq_row(b, i, h, split), Dqk);
     }
     convert_row(first, dq + dq_layout.at(b, i, h), Dqk);
   });

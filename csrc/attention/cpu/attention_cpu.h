@@ -90,6 +90,14 @@ struct AttentionProblem {
     return window_left < 0 ? len_q[b] - 1
                            : std::min<int64_t>(len_q[b] - 1, k_last - (len_k[b] - len_q[b]) + window_left);
   }
+  // Floating-point operations of the forward without masks (an upper bound, for thread decisions).
+  double forward_flops() const {
+    double flops = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      flops += 2.0 * heads_q * len_q[b] * len_k[b] * (dim_qk + dim_v);
+    }
+    return flops;
+  }
 };
 
 AttentionProblem make_problem(const AttentionShape& shape, const AttentionOptions& opts);

@@ -12,6 +12,7 @@
 #include "attention/cpu/blas.h"
 #include "attention/cpu/parallel.h"
 #include "attention/cpu/row_ops.h"
+#include "attention/cpu/split_merge.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -82,7 +83,8 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
     return std::max<int64_t>(0, (key_last(w) - key_first(w) + kKeyTile) / kKeyTile);
   };
   const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t threads = at::get_num_threads();
+  const double flops = p.forward_flops();
+  const int64_t threads = parallel_threads(flops);
   int64_t splits = 1;
   if (num_items > 0 && num_items < 2 * threads) {
     int64_t most_tiles = 0;
@@ -101,7 +103,7 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
   const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
 
   parallel_items(
-      num_items * splits, [&] { return ForwardScratch<acc_t>(max_rows, Dqk, Dv); },
+      num_items * splits, flops, [&] { return ForwardScratch<acc_t>(max_rows, Dqk, Dv); },
       [&](int64_t item_index, ForwardScratch<acc_t>& s) {
         const WorkItem& w = items[item_index / splits];
         const int64_t split = item_index % splits;
@@ -128,35 +130,11 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
           // scores[rows, n] = scale * Q K^T
           gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), scores, kKeyTile);
           for (int64_t r = 0; r < rows; ++r) {
-            acc_t* srow = scores + r * kKeyTile;
             const int64_t pos = w.q_begin + r / G;
             const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
             const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
-            if (lo > hi) {  // no visible key in this tile: the row adds nothing
-              fill_row(srow, n, acc_t(0));
-              continue;
-            }
-            acc_t* visible = srow + lo;
-            const int64_t count = hi - lo + 1;
-            if (softcap > 0) {
-              softcap_row(visible, count, softcap);
-            }
-            const acc_t old_max = s.row_max[r];
-            const acc_t new_max = nan_max(old_max, row_max(visible, count));
-            if (new_max == neg_inf) {  // every visible score so far is -inf: weight 0 each, as a masked key
-              fill_row(srow, n, acc_t(0));
-              continue;
-            }
-            const acc_t tile_sum = exp_shift_sum(visible, count, new_max);
-            fill_row(srow, lo, acc_t(0));
-            fill_row(srow + hi + 1, n - hi - 1, acc_t(0));
-            if (!(old_max == new_max)) {  // also taken once NaN appeared: NaN spreads to the whole row
-              const acc_t correction = std::exp(old_max - new_max);  // 0 when old_max is -inf
-              s.row_sum[r] *= correction;
-              scale_row(s.acc.data() + r * Dv, Dv, correction);
-              s.row_max[r] = new_max;
-            }
-            s.row_sum[r] += tile_sum;
+            online_softmax_step(scores + r * kKeyTile, n, lo, hi, softcap, s.row_max[r], s.row_sum[r],
+                                s.acc.data() + r * Dv, Dv);
           }
           // acc[rows, Dv] += P V
           gemm<acc_t>(false, false, rows, Dv, n, acc_t(1), scores, kKeyTile, vt, ldv, acc_t(1), s.acc.data(), Dv);
@@ -164,13 +142,8 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
 
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t pos = w.q_begin + r / G, h = g * G + r % G;
-          const acc_t sum = s.row_sum[r];
           acc_t* acc_row = s.acc.data() + r * Dv;
-          // A row with no visible key has sum 0: output zeros and lse = -inf. A NaN sum (NaN in q, k or v's
-          // scores) stays NaN in both.
-          const bool no_key = sum == acc_t(0);
-          scale_row(acc_row, Dv, no_key ? acc_t(0) : acc_t(1) / sum);
-          const acc_t row_lse = no_key ? neg_inf : s.row_max[r] + std::log(sum);
+          const acc_t row_lse = finish_row(acc_row, Dv, s.row_max[r], s.row_sum[r]);
           if (splits == 1) {
             convert_row(acc_row, out + out_layout.at(b, pos, h), Dv);
             lse[lse_layout.at(b, pos, h)] = row_lse;
@@ -185,33 +158,7 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
     return;
   }
 
-  // Merge the splits: lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s.
-  const std::vector<int64_t> token_batch = p.token_batches();
-  at::parallel_for(0, rows_total, 64, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> merged(Dv);
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t t = row / Hq, h = row % Hq, b = token_batch[t], pos = t - p.token_q[b];
-      acc_t max_lse = neg_inf;
-      for (int64_t split = 0; split < splits; ++split) {
-        max_lse = nan_max(max_lse, part_lse[split * rows_total + row]);
-      }
-      fill_row(merged.data(), Dv, acc_t(0));
-      acc_t total = 0;
-      if (max_lse != neg_inf) {
-        for (int64_t split = 0; split < splits; ++split) {
-          const acc_t weight = std::exp(part_lse[split * rows_total + row] - max_lse);
-          total += weight;
-          const acc_t* part = part_out.data() + (split * rows_total + row) * Dv;
-          for (int64_t d = 0; d < Dv; ++d) {
-            merged[d] += weight * part[d];
-          }
-        }
-        scale_row(merged.data(), Dv, acc_t(1) / total);
-      }
-      convert_row(merged.data(), out + out_layout.at(b, pos, h), Dv);
-      lse[lse_layout.at(b, pos, h)] = max_lse == neg_inf ? neg_inf : max_lse + std::log(total);
-    }
-  });
+  merge_splits(p, splits, part_out.data(), part_lse.data(), out, out_layout, lse, lse_layout);
 }
 
 #define ATTN_OPS_INSTANTIATE_FORWARD(scalar_t)                                                                      \

@@ -1,6 +1,9 @@
-// Vectorized loops over one row of a score tile (at::vec picks AVX2 or scalar code at build time).
+// Vectorized loops over one row of a score tile. at::vec picks AVX-512, AVX2 or scalar code from
+// CPU_CAPABILITY, which a file may set itself (the runtime-dispatched decode kernels do): everything here
+// lives in an inline namespace named after it, as at::vec does, so each ISA's copy is a distinct symbol.
 #pragma once
 
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -12,6 +15,7 @@
 #include <type_traits>
 
 namespace attn_ops::cpu {
+inline namespace CPU_CAPABILITY {
 
 // Accumulation type: float for every input dtype but float64.
 template <typename scalar_t>
@@ -174,4 +178,46 @@ const acc_t* load_key_tile(const scalar_t* src, int64_t seq_stride, int64_t n, i
   return buffer;
 }
 
+// One row's online-softmax step over a tile of n scores of which [lo, hi] are visible (lo > hi: none):
+// the scores become exp(score - running max) (0 where not visible); when the running max moves, the
+// running sum and the row's output accumulator acc[dv] are rescaled to it. NaN spreads to the whole row.
+template <typename T>
+inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T softcap, T& run_max, T& run_sum,
+                                T* acc, int64_t dv) {
+  if (lo > hi) {  // no visible key in this tile: the row adds nothing
+    fill_row(srow, n, T(0));
+    return;
+  }
+  T* visible = srow + lo;
+  const int64_t count = hi - lo + 1;
+  if (softcap > 0) {
+    softcap_row(visible, count, softcap);
+  }
+  const T new_max = nan_max(run_max, row_max(visible, count));
+  if (new_max == -std::numeric_limits<T>::infinity()) {  // every visible score so far is -inf: weight 0 each,
+    fill_row(srow, n, T(0));                              // as a masked key (exp(-inf - -inf) would be NaN)
+    return;
+  }
+  const T tile_sum = exp_shift_sum(visible, count, new_max);
+  fill_row(srow, lo, T(0));
+  fill_row(srow + hi + 1, n - hi - 1, T(0));
+  if (!(run_max == new_max)) {  // also taken once NaN appeared: NaN spreads to the whole row
+    const T correction = std::exp(run_max - new_max);  // 0 when run_max is -inf
+    run_sum *= correction;
+    scale_row(acc, dv, correction);
+    run_max = new_max;
+  }
+  run_sum += tile_sum;
+}
+
+// Normalizes a finished row's accumulator acc[dv] and returns its log-sum-exp. A row with no visible key
+// has sum 0: zeros and lse = -inf. A NaN sum (NaN in q, k or v's scores) stays NaN in both.
+template <typename T>
+inline T finish_row(T* acc, int64_t dv, T run_max, T run_sum) {
+  const bool no_key = run_sum == T(0);
+  scale_row(acc, dv, no_key ? T(0) : T(1) / run_sum);
+  return no_key ? -std::numeric_limits<T>::infinity() : run_max + std::log(run_sum);
+}
+
+}  // namespace CPU_CAPABILITY
 }  // namespace attn_ops::cpu

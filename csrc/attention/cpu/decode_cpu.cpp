@@ -1,0 +1,185 @@
+// Driver of the CPU decode kernel: work items (sequence, KV head, key split), the instruction set's row
+// kernel, and the merge of the splits.
+//
+// Work is split over (sequence, KV head) and, when those are too few to keep every thread busy (B = 1 with a
+// long context), over chunks of the keys, whose partial results are merged by their log-sum-exp.
+#include "attention/cpu/decode_cpu.h"
+#include "attention/cpu/parallel.h"
+#include "attention/cpu/row_ops.h"
+#include "attention/cpu/split_merge.h"
+
+#include <ATen/Version.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace attn_ops::cpu {
+namespace {
+
+constexpr int64_t kMinSplitKeys = 512;  // below this a key split costs more to merge than it saves
+
+// The row kernel of the best instruction set this CPU has (ATEN_CPU_CAPABILITY=default|avx2|avx512 lowers
+// it, as it does for PyTorch's own kernels).
+enum class Isa { kDefault, kAvx2, kAvx512 };
+
+// PyTorch's CPU capability ("AVX512", "AVX2", "DEFAULT", ...), read once: it checks what the CPU
+// (and OS) support, and ATEN_CPU_CAPABILITY=default|avx2|avx512 lowers it.
+Isa this_cpu_isa() {
+  static const Isa isa = [] {
+    const std::string capability = at::get_cpu_capability();
+    return capability == "AVX512" ? Isa::kAvx512 : capability == "AVX2" ? Isa::kAvx2 : Isa::kDefault;
+  }();
+  return isa;
+}
+
+// The row kernel of the best instruction set this CPU has.
+template <typename scalar_t, typename acc_t>
+DecodeRowsFn<scalar_t, acc_t> decode_rows_for_this_cpu() {
+#ifdef ATTN_OPS_DECODE_X86
+  switch (this_cpu_isa()) {
+    case Isa::kAvx512:
+      return &decode_avx512::decode_rows<scalar_t, acc_t>;
+    case Isa::kAvx2:
+      return &decode_avx2::decode_rows<scalar_t, acc_t>;
+    case Isa::kDefault:
+      break;
+  }
+#endif
+  return &decode_default::decode_rows<scalar_t, acc_t>;
+}
+
+template <typename scalar_t, typename acc_t>
+struct DecodeScratch {
+  std::vector<acc_t> q, scores, row_max, row_sum, out, lse;
+  std::vector<int64_t> key_lo, key_hi;
+  std::vector<const scalar_t*> key_rows, value_rows;
+  DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv)
+      : q(heads * rows * dqk), scores(rows * kDecodeChunk), row_max(heads * rows), row_sum(heads * rows),
+        out(heads * rows * dv), lse(heads * rows),
+        key_lo(rows), key_hi(rows), key_rows(2 * kDecodeChunk), value_rows(2 * kDecodeChunk) {}
+};
+
+template <typename scalar_t>
+struct CacheRows {
+  const scalar_t* k;
+  const KeyLayout* k_layout;
+  const scalar_t* v;
+  const KeyLayout* v_layout;
+};
+
+template <typename scalar_t, typename acc_t>
+void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys,
+                 const scalar_t** values) {
+  const auto& c = *static_cast<const CacheRows<scalar_t>*>(a.layouts);
+  for (int64_t j = 0; j < n; ++j) {
+    keys[j] = c.k + c.k_layout->at(a.batch, k0 + j, head);
+    values[j] = c.v + c.v_layout->at(a.batch, k0 + j, head);
+  }
+}
+
+}  // namespace
+
+bool decode_kernel_applies(const AttentionProblem& p) {
+  const int64_t longest_q = p.batch == 0 ? 0 : *std::max_element(p.len_q.begin(), p.len_q.end());
+  return longest_q * p.group <= kMaxDecodeRows;
+}
+
+template <typename scalar_t, typename acc_t>
+void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
+                           const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout,
+                           scalar_t* out, const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
+  const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
+  const int64_t items = p.batch;  // all KV heads of a sequence together: the cache is read in address order
+  int64_t longest_k = 0, max_rows = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    longest_k = std::max(longest_k, p.len_k[b]);
+    max_rows = std::max(max_rows, p.len_q[b] * G);
+  }
+  const double flops = p.forward_flops();
+  // Split the keys when the items alone leave threads idle (or unbalanced), never below kMinSplitKeys.
+  const int64_t threads = parallel_threads(flops);
+  int64_t splits = 1;
+  if (items > 0 && items < 4 * threads) {
+    splits = std::max<int64_t>(1, std::min((4 * threads + items - 1) / items, longest_k / kMinSplitKeys));
+  }
+  const int64_t rows_total = p.total_q * Hq;
+  std::vector<acc_t> part_out(splits > 1 ? splits * rows_total * Dv : 0);
+  std::vector<acc_t> part_lse(splits > 1 ? splits * rows_total : 0);
+  const DecodeRowsFn<scalar_t, acc_t> decode_rows = decode_rows_for_this_cpu<scalar_t, acc_t>();
+  const acc_t scale = static_cast<acc_t>(p.scale);
+  const CacheRows<scalar_t> cache{k, &k_layout, v, &v_layout};
+
+  parallel_items(
+      items * splits, flops, [&] { return DecodeScratch<scalar_t, acc_t>(p.heads_kv, max_rows, Dqk, Dv); },
+      [&](int64_t item, DecodeScratch<scalar_t, acc_t>& s) {
+        const int64_t split = item % splits, b = item / splits, Hkv = p.heads_kv;
+        const int64_t positions = p.len_q[b], rows = positions * G;
+        // The keys any row sees, cut into `splits` equal chunks.
+        const int64_t first = positions == 0 ? 0 : p.key_lo(b, 0);
+        const int64_t last = positions == 0 ? -1 : p.key_hi(b, positions - 1);
+        const int64_t per_split = (std::max<int64_t>(0, last - first + 1) + splits - 1) / splits;
+        const int64_t k_begin = first + split * per_split, k_end = std::min(last + 1, k_begin + per_split);
+        for (int64_t r = 0; r < rows; ++r) {  // row r of KV head g: position r / G of head g * G + r % G
+          const int64_t pos = r / G;
+          for (int64_t g = 0; g < Hkv; ++g) {
+            acc_t* q_row = s.q.data() + (g * rows + r) * Dqk;
+            convert_row(q + q_layout.at(b, pos, g * G + r % G), q_row, Dqk);
+            scale_row(q_row, Dqk, scale);
+          }
+          s.key_lo[r] = p.key_lo(b, pos);
+          s.key_hi[r] = p.key_hi(b, pos);
+        }
+        DecodeRows<scalar_t, acc_t> a;
+        a.heads = Hkv;
+        a.rows = rows;
+        a.dim_qk = Dqk;
+        a.dim_v = Dv;
+        a.q = s.q.data();
+        a.key_lo = s.key_lo.data();
+        a.key_hi = s.key_hi.data();
+        a.locate = &locate_rows<scalar_t, acc_t>;
+        a.layouts = &cache;
+        a.batch = b;
+        a.kv_head = 0;
+        a.k_begin = k_begin;
+        a.k_end = k_end;
+        a.softcap = static_cast<acc_t>(p.softcap);
+        a.scores = s.scores.data();
+        a.key_rows = s.key_rows.data();
+        a.value_rows = s.value_rows.data();
+        a.row_max = s.row_max.data();
+        a.row_sum = s.row_sum.data();
+        a.out = s.out.data();
+        a.lse = s.lse.data();
+        decode_rows(a);
+        for (int64_t gr = 0; gr < Hkv * rows; ++gr) {
+          const int64_t g = gr / rows, r = gr % rows, pos = r / G, h = g * G + r % G;
+          if (splits == 1) {
+            convert_row(s.out.data() + gr * Dv, out + out_layout.at(b, pos, h), Dv);
+            lse[lse_layout.at(b, pos, h)] = s.lse[gr];
+          } else {
+            const int64_t row = split * rows_total + (p.token_q[b] + pos) * Hq + h;
+            std::copy_n(s.out.data() + gr * Dv, Dv, part_out.data() + row * Dv);
+            part_lse[row] = s.lse[gr];
+          }
+        }
+      });
+  if (splits > 1) {
+    merge_splits(p, splits, part_out.data(), part_lse.data(), out, out_layout, lse, lse_layout);
+  }
+}
+
+#define ATTN_OPS_INSTANTIATE_DECODE(scalar_t)                                                                         \
+  template void decode_forward_kernel<scalar_t, acc_type<scalar_t>>(                                                \
+      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const KeyLayout&, const scalar_t*, \
+      const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
+ATTN_OPS_INSTANTIATE_DECODE(float)
+ATTN_OPS_INSTANTIATE_DECODE(double)
+ATTN_OPS_INSTANTIATE_DECODE(c10::Half)
+ATTN_OPS_INSTANTIATE_DECODE(c10::BFloat16)
+#undef ATTN_OPS_INSTANTIATE_DECODE
+
+}  // namespace attn_ops::cpu

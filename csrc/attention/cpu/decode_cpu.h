@@ -1,0 +1,71 @@
+// CPU decode kernel (few query rows per KV head, a long cache): the interface between the driver
+// (decode_cpu.cpp: work split, threads, merge) and the per-ISA row kernels (decode_kernel.h, compiled
+// once per instruction set in decode_isa_*.cpp and picked at run time).
+#pragma once
+
+#include "attention/cpu/attention_cpu.h"
+
+#include <cstdint>
+
+namespace attn_ops::cpu {
+
+constexpr int64_t kDecodeChunk = 64;     // keys per tile: scores [rows, kDecodeChunk] stay in L1
+constexpr int64_t kMaxDecodeRows = 32;   // query rows per KV head (positions x group) the kernel takes
+
+// One work item of the decode kernel: all query rows of `heads` KV heads from kv_head on, of one sequence,
+// over keys [k_begin, k_end). Row r of a KV head g is query position r / group of head g * group + r % group;
+// the per-row arrays hold the heads one after another ([heads, rows, ...]).
+template <typename scalar_t, typename acc_t>
+struct DecodeRows {
+  int64_t heads = 1, rows = 0, dim_qk = 0, dim_v = 0;  // rows: per KV head
+  const acc_t* q = nullptr;           // [heads, rows, dim_qk], already multiplied by the softmax scale
+  const int64_t* key_lo = nullptr;    // [rows]: first visible key of each row
+  const int64_t* key_hi = nullptr;    // [rows]: last visible key of each row
+  // Sets keys[i] / values[i] to the cache rows of keys k0 + i, i < n, of KV head `head`. Compiled with the
+  // build's flags (in decode_cpu.cpp), so the per-ISA kernels share no layout code with the rest of the library.
+  void (*locate)(const DecodeRows& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys,
+                 const scalar_t** values) = nullptr;
+  const void* layouts = nullptr;      // what locate reads (the caches and their KeyLayouts)
+  int64_t batch = 0, kv_head = 0, k_begin = 0, k_end = 0;
+  acc_t softcap = 0;
+  // Scratch.
+  acc_t* scores = nullptr;                // [rows, kDecodeChunk]
+  const scalar_t** key_rows = nullptr;    // [2 * kDecodeChunk]: this tile's rows, then the next tile's
+  const scalar_t** value_rows = nullptr;  // [2 * kDecodeChunk]
+  acc_t* row_max = nullptr;               // [heads, rows]
+  acc_t* row_sum = nullptr;               // [heads, rows]
+  // Results.
+  acc_t* out = nullptr;  // [heads, rows, dim_v]: the normalized output
+  acc_t* lse = nullptr;  // [heads, rows]
+};
+
+template <typename scalar_t, typename acc_t>
+using DecodeRowsFn = void (*)(const DecodeRows<scalar_t, acc_t>&);
+
+// The row kernel of each instruction set (x86-64 builds also compile AVX2 and AVX-512 versions).
+#define ATTN_OPS_DECLARE_DECODE_ROWS(ns)                            \
+  namespace ns {                                                    \
+  template <typename scalar_t, typename acc_t>                      \
+  void decode_rows(const DecodeRows<scalar_t, acc_t>& a);           \
+  }
+ATTN_OPS_DECLARE_DECODE_ROWS(decode_default)
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ATTN_OPS_DECODE_X86 1
+ATTN_OPS_DECLARE_DECODE_ROWS(decode_avx2)
+ATTN_OPS_DECLARE_DECODE_ROWS(decode_avx512)
+#endif
+#undef ATTN_OPS_DECLARE_DECODE_ROWS
+
+// Whether the decode kernel takes this problem: every sequence has few query rows per KV head.
+bool decode_kernel_applies(const AttentionProblem& p);
+
+// Forward of attention over a (paged) cache with the decode kernel; arguments as attention_forward_kernel.
+template <typename scalar_t, typename acc_t>
+void decode_forward_kernel(const AttentionProblem& p,
+                           const scalar_t* q, const SeqLayout& q_layout,  // [b, Tq, Hq, Dqk]
+                           const scalar_t* k, const KeyLayout& k_layout,  // [b, Tk, Hkv, Dqk]
+                           const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
+                           scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
+                           acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
+
+}  // namespace attn_ops::cpu

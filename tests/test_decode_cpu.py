@@ -1,0 +1,140 @@
+"""The CPU decode kernel (csrc/attention/cpu/decode_*.cpp) against the float64 reference.
+
+attention_with_kvcache and mla_decode take the decode kernel when every row has at most 32 query
+rows per KV head (Tq x Hq / Hkv <= 32), else the tiled prefill kernel. The decode kernel is
+compiled once per instruction set (portable at::vec, AVX2, AVX-512) and picked at run time from
+PyTorch's CPU capability, which ATEN_CPU_CAPABILITY lowers: test_each_instruction_set reruns this
+file's cases in a subprocess for every capability this CPU has, so each path meets the reference.
+
+Cases per dtype: GQA groups 1 / 4 / all, head dims that are not a multiple of any vector width,
+paged caches, key splits (one long row), Tq > 1 with windows and soft-capping, rows with no
+visible key, the largest row count the kernel takes (32) and the first it leaves (33), MLA's
+576 / 512 shared latent row, and NaN propagation.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attn_ops
+from kvcache_reference import attention_with_kvcache_ref, kvcache_inputs
+from mla_reference import mla_decode_ref, mla_inputs
+from reference import assert_close_to_ref
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def dtype_id(dt):
+    return str(dt).replace("torch.", "")
+
+
+def check(q, kc, vc, lens, bt=None, **kw):
+    out, lse = attn_ops.attention_with_kvcache(q, kc, vc, lens, block_table=bt, **kw)
+    r_out, r_lse = attention_with_kvcache_ref(q, kc, vc, lens, block_table=bt, **kw)
+    s_out, s_lse = attention_with_kvcache_ref(q, kc, vc, lens, block_table=bt, **kw,
+                                              compute_dtype=q.dtype)
+    assert_close_to_ref(out, r_out, s_out, name="out")
+    assert_close_to_ref(lse, r_lse, s_lse, name="lse")
+    return out, lse
+
+
+# name: (B, Tq, Hq, Hkv, Dk, Dv, lens, block_size, kwargs)
+CASES = {
+    "gqa4_d128": (3, 1, 16, 4, 128, 128, [300, 1, 77], None, {}),
+    "mha_d40": (2, 1, 3, 3, 40, 40, [65, 130], None, {}),
+    "mqa32_d72_paged16": (2, 1, 32, 1, 72, 72, [200, 33], 16, {}),
+    "dk96_dv24_paged1": (2, 1, 4, 2, 96, 24, [17, 64], 1, {}),
+    "long_row_splits": (1, 1, 8, 2, 64, 64, [3001], None, {}),
+    "long_row_splits_paged64": (1, 1, 4, 1, 32, 32, [2500], 64, {}),
+    "tq3_window_softcap": (2, 3, 8, 2, 64, 64, [90, 5], None,
+                           dict(causal=False, window_left=20, window_right=1, softcap=5.0)),
+    "tq4_causal_rows32": (2, 4, 16, 2, 64, 64, [70, 3], 16, {}),
+    "tq3_rows33_tiled": (1, 3, 11, 1, 64, 64, [50], None, {}),
+    "empty_rows": (3, 1, 4, 2, 64, 64, [0, 9, 0], None, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_decode_kernel_cases(case, dtype):
+    torch.manual_seed(hash(case) % 1000)
+    B, Tq, Hq, Hkv, Dk, Dv, lens, bs, kw = CASES[case]
+    q, kc, vc, seqlens, bt = kvcache_inputs(B, Tq, Hq, Hkv, Dk, Dv, lens, dtype=dtype, block_size=bs)
+    check(q, kc, vc, seqlens, bt, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("block_size", [None, 64])
+def test_mla_decode_latent_rows(dtype, block_size):
+    """MLA: 576-wide keys and 512-wide values from one latent row, 16 heads."""
+    torch.manual_seed(1)
+    ql, qr, cache, lens, bt, _ = mla_inputs(2, 1, 16, 512, 64, [700, 40], dtype=dtype,
+                                            block_size=block_size)
+    scale = 0.07
+    out, lse = attn_ops.mla_decode(ql, qr, cache, lens, scale=scale, block_table=bt)
+    r_out, r_lse = mla_decode_ref(ql, qr, cache, lens, scale=scale, block_table=bt)
+    s_out, s_lse = mla_decode_ref(ql, qr, cache, lens, scale=scale, block_table=bt,
+                                  compute_dtype=dtype)
+    assert_close_to_ref(out, r_out, s_out, name="out")
+    assert_close_to_ref(lse, r_lse, s_lse, name="lse")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_nan_reaches_only_its_rows(dtype, where):
+    """A NaN in q reaches its head's row, in k every row of its KV head, in v one feature of them;
+    the other KV head stays finite; with and without key splits."""
+    for lens in ([150, 90], [3000, 2]):
+        q, kc, vc, seqlens, _ = kvcache_inputs(2, 1, 8, 2, 64, 64, lens, dtype=dtype)
+        t = {"q": q, "k": kc, "v": vc}[where]
+        t[0, 0 if where == "q" else 100, 0, 5] = float("nan")
+        out, lse = attn_ops.attention_with_kvcache(q, kc, vc, seqlens)
+        if where == "q":
+            assert torch.isnan(out[0, 0, 0]).all() and torch.isnan(lse[0, 0, 0])
+            assert torch.isfinite(out[0, 0, 1:]).all() and torch.isfinite(lse[0, 1:]).all()
+        elif where == "k":
+            assert torch.isnan(out[0, 0, :4]).all() and torch.isnan(lse[0, :4]).all()
+            assert torch.isfinite(out[0, 0, 4:]).all() and torch.isfinite(lse[0, 4:]).all()
+        else:
+            assert torch.isnan(out[0, 0, :4, 5]).all() and torch.isfinite(lse).all()
+            assert torch.isfinite(out[0, 0, :4, :5]).all() and torch.isfinite(out[0, 0, 4:]).all()
+        assert torch.isfinite(out[1]).all()
+
+
+def test_single_thread_threshold_gives_same_result():
+    """A call below the minimum-work threshold runs on one thread; its result does not depend on it."""
+    q, kc, vc, seqlens, _ = kvcache_inputs(2, 1, 4, 2, 32, 32, [20, 7])
+    out, lse = check(q, kc, vc, seqlens)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        out1, lse1 = attn_ops.attention_with_kvcache(q, kc, vc, seqlens)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out, out1) and torch.equal(lse, lse1)
+
+
+def capabilities_of_this_cpu():
+    order = ["default", "avx2", "avx512"]
+    best = torch.backends.cpu.get_cpu_capability().lower()
+    return order[:order.index(best) + 1] if best in order else ["default"]
+
+
+@pytest.mark.parametrize("isa", ["default", "avx2", "avx512"])
+def test_each_instruction_set(isa):
+    """This file's cases again with PyTorch's CPU capability lowered to `isa` (a subprocess:
+    the capability is read once per process)."""
+    if isa not in capabilities_of_this_cpu():
+        pytest.skip(f"this CPU lacks {isa}")
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        assert torch.backends.cpu.get_cpu_capability().lower() == os.environ["ATEN_CPU_CAPABILITY"]
+        return
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=isa)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          os.path.join(HERE, "test_decode_cpu.py")], env=env, cwd=os.path.dirname(HERE),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
