@@ -136,15 +136,9 @@ void run_pass(const PassSpec<in_t, out_t, acc_t>& ps) {
   for (const int64_t t : ps.length) {
     tokens += t;
   }
-  // Below about a million multiply-adds a thread team costs more than it saves (decode of a few rows).
-  if (tokens * ps.heads * ps.dk * ps.dv < (int64_t{1} << 20)) {
-    Scratch sc;
-    for (int64_t item = 0; item < items; ++item) {
-      body(item, sc);
-    }
-    return;
-  }
-  parallel_items(items, [] { return Scratch{}; }, body);
+  // The state products' multiply-adds: a small pass (decode of a few rows) runs on the calling thread.
+  const double flops = 2.0 * static_cast<double>(tokens) * ps.heads * ps.dk * ps.dv;
+  parallel_items(items, flops, [] { return Scratch{}; }, body);
 }
 
 }  // namespace attn_ops::cpu
