@@ -3,8 +3,7 @@
 //   1. prefill: causal GQA attention over the prompt          attn_ops::attention            (attention.h)
 //   2. cache:   write the prompt's K/V into a preallocated     attn_ops::kv_cache_append      (attention.h)
 //               KV cache, then the K/V of one new token
-//   3. decode:  the new token's query attends to the cache     "attn_ops::attention_with_kvcache", called
-//                                                               by name through the PyTorch dispatcher
+//   3. decode:  the new token's query attends to the cache     attn_ops::attention_with_kvcache (attention.h)
 // Each output is checked against plain tensor math in float64; the program prints the max abs errors and
 // "OK", or exits with status 1 on a mismatch.
 //
@@ -12,7 +11,6 @@
 // Build and link: see README.md in this directory.
 #include "attention.h"  // the C++ API of attn_ops (csrc/attention.h)
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -69,22 +67,9 @@ int run(const torch::Device& device) {
   attn_ops::kv_cache_append(k_cache, v_cache, k_new, v_new, cache_seqlens);
   cache_seqlens += 1;  // the cache now holds prompt_len + 1 keys per row, the new token's included
 
-  // ---- 3. Decode: the operator looked up by name in the dispatcher, as any LibTorch program can. --------
-  // typed<> takes the C++ signature of the schema (csrc/registration.cpp):
-  //   attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, *,
-  //       Tensor? block_table=None, float? scale=None, bool causal=True, int window_left=-1,
-  //       int window_right=-1, float softcap=0.0) -> (Tensor out, Tensor lse)
-  // Keyword-only arguments are passed positionally, all of them.
-  static const auto attention_with_kvcache =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("attn_ops::attention_with_kvcache", /*overload_name=*/"")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&, const std::optional<at::Tensor>&,
-                                                    std::optional<double>, bool, int64_t, int64_t, double)>();
-  const auto [decode_out, decode_lse] =
-      attention_with_kvcache.call(q_new, k_cache, v_cache, cache_seqlens, /*block_table=*/std::nullopt,
-                                  /*scale=*/std::nullopt, /*causal=*/true, /*window_left=*/-1,
-                                  /*window_right=*/-1, /*softcap=*/0.0);
+  // ---- 3. Decode: attention of the new token over the cache (the C++ API calls the dispatcher, so the
+  // CPU or CUDA kernel runs; its defaults keep this call valid as the schema gains optional arguments).
+  const auto [decode_out, decode_lse] = attn_ops::attention_with_kvcache(q_new, k_cache, v_cache, cache_seqlens);
 
   // ---- Check against plain tensor math in float64. ------------------------------------------------------
   // The decode query is the last position of the sequence prompt + new token, so it sees every key.
