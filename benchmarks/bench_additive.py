@@ -128,10 +128,7 @@ def main():
                                  "memory x ours"], rows)]
     text = "\n".join(md)
     print(text)
-    for path, content in ((args.out, text + "\n"), (args.json, json.dumps(payload, indent=1, default=str))):
-        if path:
-            with open(path, "w") as f:
-                f.write(content)
+    common.write_outputs(args, text, payload)
 
 
 if __name__ == "__main__":

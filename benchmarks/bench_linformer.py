@@ -136,11 +136,7 @@ def main():
         md += ["", f"![time and memory]({os.path.basename(args.plot)})"]
     text = "\n".join(md)
     print(text)
-    for path, content in ((args.out, text + "\n"), (args.json, json.dumps({"info": info, "cases": results},
-                                                                         indent=1, default=str))):
-        if path:
-            with open(path, "w") as f:
-                f.write(content)
+    common.write_outputs(args, text, {"info": info, "cases": results})
 
 
 if __name__ == "__main__":
