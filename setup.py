@@ -34,7 +34,15 @@ def find_cuda_home():
     return None
 
 
-if os.environ.get("ATTN_OPS_CUDA", "1") not in ("0", "", "false", "False", "OFF", "off") and find_cuda_home():
+def want_cuda():
+    """ATTN_OPS_CUDA (0 / false / off: no), else whether a CUDA toolkit is found."""
+    setting = os.environ.get("ATTN_OPS_CUDA")
+    if setting is not None:
+        return setting not in ("0", "", "false", "False", "OFF", "off")
+    return find_cuda_home() is not None
+
+
+if want_cuda() and find_cuda_home():
     os.environ.setdefault("CUDA_HOME", find_cuda_home())  # read by torch.utils.cpp_extension at import
 
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
@@ -58,13 +66,6 @@ def cpu_isa_flags():
     if isa == "default":
         return []
     raise ValueError(f"ATTN_OPS_CPU_ISA must be 'avx2' or 'default', got {isa!r}")
-
-
-def want_cuda():
-    setting = os.environ.get("ATTN_OPS_CUDA")
-    if setting is not None:
-        return setting not in ("0", "", "false", "False", "OFF", "off")
-    return find_cuda_home() is not None
 
 
 def cuda_library_includes():
