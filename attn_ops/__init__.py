@@ -51,3 +51,10 @@ __version__ = "0.1.0"
 from . import flash_attn_interface  # noqa: E402
 
 __all__ += ["flash_attn_interface"]
+
+# Differentiable collectives of the tensor-parallel layers (attn_ops/collectives.py), and the backward
+# ops of the additive and lightning families (every schema reachable from Python).
+from . import collectives  # noqa: E402
+from .ops import additive_attention_backward, lightning_attention_backward  # noqa: E402
+
+__all__ += ["collectives", "additive_attention_backward", "lightning_attention_backward"]

@@ -388,3 +388,47 @@ def lightning_attention_decode_(
     """
     return torch.ops.attn_ops.lightning_attention_decode_(q, k, v, state, slope, scale=scale,
                                                           state_indices=state_indices)
+
+
+# The backward ops of the other families, exposed as attention_backward is (for custom graphs), so
+# that every schema argument is reachable from Python.
+def additive_attention_backward(
+    dout: Tensor,
+    dlse: Optional[Tensor],
+    qp: Tensor,
+    kp: Tensor,
+    w: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    *,
+    key_padding_mask: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients ``(dqp, dkp, dw, dv)`` of :func:`additive_attention` (what autograd calls). ``out`` /
+    ``lse`` are the forward's outputs for the same arguments, ``dout`` / ``dlse`` (optional) their
+    gradients. The outputs have the shapes and dtypes of ``qp``, ``kp``, ``w``, ``v``."""
+    return torch.ops.attn_ops.additive_attention_backward(dout, dlse, qp, kp, w, v, out, lse,
+                                                          key_padding_mask=key_padding_mask)
+
+
+def lightning_attention_backward(
+    dout: Tensor,
+    dfinal_state: Optional[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    slope: Tensor,
+    *,
+    scale: float = 1.0,
+    initial_state: Optional[Tensor] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    max_seqlen: Optional[int] = None,
+    block_size: Optional[int] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv, dinitial_state)`` of :func:`lightning_attention` (what autograd calls)
+    for the same arguments; ``dout`` / ``dfinal_state`` (optional) are the gradients of its two
+    outputs. ``dinitial_state`` is returned even without ``initial_state`` (the gradient of a zero
+    initial state)."""
+    return torch.ops.attn_ops.lightning_attention_backward(
+        dout, dfinal_state, q, k, v, slope, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen, block_size=block_size)

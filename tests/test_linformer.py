@@ -111,7 +111,7 @@ def test_compile_fullgraph_dynamic():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"embed_dim": 30}, "LinformerSelfAttention: embed_dim expected a multiple of num_heads (4), got 30"),
+    ({"hidden_size": 30}, "LinformerSelfAttention: hidden_size expected a multiple of num_heads (4), got 30"),
     ({"num_kv_heads": 3}, "LinformerSelfAttention: num_kv_heads expected a divisor of num_heads (4), got 3"),
     ({"proj_len": 0}, "LinformerSelfAttention: seq_len and proj_len expected >= 1, got seq_len=16, proj_len=0"),
     ({"sharing": "all"},
@@ -122,9 +122,9 @@ def test_compile_fullgraph_dynamic():
      "LinformerSelfAttention: shared_projection expected shape (4, 16) [proj_len, seq_len], got (4, 8)"),
 ])
 def test_bad_constructor_arguments(kwargs, message):
-    args = {"embed_dim": 32, "num_heads": 4, "seq_len": 16, "proj_len": 4, **kwargs}
+    args = {"hidden_size": 32, "num_heads": 4, "seq_len": 16, "proj_len": 4, **kwargs}
     with pytest.raises(ValueError) as info:
-        LinformerSelfAttention(args.pop("embed_dim"), args.pop("num_heads"), args.pop("seq_len"),
+        LinformerSelfAttention(args.pop("hidden_size"), args.pop("num_heads"), args.pop("seq_len"),
                                args.pop("proj_len"), **args)
     assert str(info.value) == message
 

@@ -153,22 +153,22 @@ def _replace(i, layer):
 @pytest.mark.parametrize("make, kwargs, error, message", [
     (_replace(0, nn.Conv1d(32, 32, 1)), {}, TypeError, r"q_proj must be a torch.nn.Linear, got Conv1d"),
     (_replace(0, nn.Linear(32, 24)), {}, ValueError,
-     r"q_proj must map embed_dim -> num_heads \* head_dim = 4 \* 8 \(embed_dim = q_proj.in_features = "
+     r"q_proj must map hidden_size -> num_heads \* head_dim = 4 \* 8 \(hidden_size = q_proj.in_features = "
      r"32\): weight of shape \[32, 32\], got \[24, 32\]"),
     (_replace(1, nn.Linear(32, 8)), {}, ValueError,
-     r"k_proj must map embed_dim -> num_kv_heads \* head_dim = 2 \* 8 \(embed_dim = q_proj.in_features "
+     r"k_proj must map hidden_size -> num_kv_heads \* head_dim = 2 \* 8 \(hidden_size = q_proj.in_features "
      r"= 32\): weight of shape \[16, 32\], got \[8, 32\]"),
     (_replace(2, nn.Linear(30, 16)), {}, ValueError, r"v_proj must map .* weight of shape \[16, 32\], "
                                                      r"got \[16, 30\]"),
     (_replace(3, nn.Linear(32, 16)), {}, ValueError,
-     r"o_proj must map num_heads \* head_dim = 4 \* 8 -> embed_dim .* weight of shape \[32, 32\], got "
+     r"o_proj must map num_heads \* head_dim = 4 \* 8 -> hidden_size .* weight of shape \[32, 32\], got "
      r"\[16, 32\]"),
     (_replace(1, nn.Linear(32, 16, dtype=torch.float64)), {}, ValueError,
      r"k_proj.weight must have the dtype and device of q_proj.weight \(torch.float32, cpu\), got "
      r"torch.float64, cpu"),
     (_linears, dict(num_kv_heads=3), ValueError, r"num_heads \(4\) must be a positive multiple of "
                                                  r"num_kv_heads \(3\)"),
-    (_linears, dict(num_heads=5), ValueError, r"embed_dim \(32\) must be a multiple of num_heads \(5\)"),
+    (_linears, dict(num_heads=5), ValueError, r"hidden_size \(32\) must be a multiple of num_heads \(5\)"),
 ], ids=["not_linear", "q_shape", "k_shape", "v_in_features", "o_shape", "dtype", "heads", "head_dim"])
 def test_from_linear_errors(make, kwargs, error, message):
     args = dict(num_heads=4, num_kv_heads=2)
@@ -178,10 +178,10 @@ def test_from_linear_errors(make, kwargs, error, message):
 
 
 def test_from_linear_default_head_dim_and_biases():
-    """head_dim defaults to embed_dim // num_heads; q/k/v and o_proj biases are used as given."""
+    """head_dim defaults to hidden_size // num_heads; q/k/v and o_proj biases are used as given."""
     layers = _linears(bias=True)
     mod = GroupedQueryAttention.from_linear(*layers, num_heads=4, num_kv_heads=2, sliding_window=3)
-    assert (mod.embed_dim, mod.head_dim, mod.sliding_window) == (32, 8, 3)
+    assert (mod.hidden_size, mod.head_dim, mod.sliding_window) == (32, 8, 3)
     assert [mod.q_proj, mod.k_proj, mod.v_proj, mod.o_proj] == layers
     assert mod.rope_cos.shape == (4096, 4) and mod.rope_cos.dtype == torch.float32
     assert set(mod.state_dict()) == {f"{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")}

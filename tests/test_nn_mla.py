@@ -253,8 +253,9 @@ def test_explicit_positions(device):
 
 
 def test_rope_tables(device):
-    """rope_tables (cos, sin) [N, rope / 2] replace the module's tables and positions index their rows
-    (e.g. per-token angles from HuggingFace, an attention factor multiplied in), uncached and cached."""
+    """rope_tables (cos, sin) [N, rope / 2] of _forward_with_tables (the adapters' entry) replace the
+    module's tables and positions index their rows (e.g. per-token angles from HuggingFace, an
+    attention factor multiplied in), uncached and cached."""
     dtype = torch.float32
     mod = build("q_lora", dtype, device)
     B, T, half = 2, 7, mod.qk_rope_head_dim // 2
@@ -267,12 +268,12 @@ def test_rope_tables(device):
     with torch.no_grad():
         ref64 = RefMLA.like(mod, torch.float64)(x.double(), cos, sin, pos)
         same = RefMLA.like(mod, dtype)(x, cos.to(dtype), sin.to(dtype), pos)
-        uncached = mod(x, pos, rope_tables=tables)
-        cached = mod(x, pos, cache, rope_tables=tables)
+        uncached = mod._forward_with_tables(x, pos, None, 0, tables)
+        cached = mod._forward_with_tables(x, pos, cache, 0, tables)
     assert_close_to_ref(uncached, ref64, same, name="uncached")
     assert_close_to_ref(cached, ref64, same, name="cached")
     with pytest.raises(ValueError, match="positions must be given with rope_tables"):
-        mod(x, rope_tables=tables)
+        mod._forward_with_tables(x, None, None, 0, tables)
 
 
 @pytest.mark.parametrize("dtype", F32_F64, ids=F32_F64_IDS)

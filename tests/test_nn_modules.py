@@ -48,19 +48,19 @@ def repeat_kv(x, n_rep):
 class RefAttention(nn.Module):
     """The GroupedQueryAttention computation written out in plain PyTorch, same parameter names."""
 
-    def __init__(self, embed_dim, num_heads, num_kv_heads, head_dim, bias, sliding_window,
+    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, bias, sliding_window,
                  interleaved):
         super().__init__()
         self.h, self.hkv, self.d = num_heads, num_kv_heads, head_dim
         self.window, self.interleaved = sliding_window, interleaved
-        self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=False)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
     @classmethod
     def like(cls, mod, dtype):
-        ref = cls(mod.embed_dim, mod.num_heads, mod.num_kv_heads, mod.head_dim,
+        ref = cls(mod.hidden_size, mod.num_heads, mod.num_kv_heads, mod.head_dim,
                   mod.q_proj.bias is not None, mod.sliding_window, mod.rope_interleaved)
         ref = ref.to(device=mod.q_proj.weight.device, dtype=dtype)
         ref.load_state_dict(mod.state_dict())  # casts the module's values into `dtype`
@@ -107,13 +107,13 @@ def ref_stack_forward(stack, x, positions, dtype):
 # Module configurations
 # --------------------------------------------------------------------------------------------------
 CONFIGS = {
-    "gqa": dict(embed_dim=64, num_heads=4, num_kv_heads=2),
-    "mqa": dict(cls=MultiQueryAttention, embed_dim=64, num_heads=4),
-    "mha_headdim32": dict(cls=MultiHeadAttention, embed_dim=48, num_heads=3, head_dim=32),
-    "qwen2_bias": dict(embed_dim=64, num_heads=4, num_kv_heads=2, bias=True, rope_theta=1e6),
-    "interleaved": dict(embed_dim=64, num_heads=4, num_kv_heads=1, rope_interleaved=True),
-    "window5": dict(embed_dim=64, num_heads=4, num_kv_heads=2, sliding_window=5),
-    "window1_bias_interleaved": dict(embed_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
+    "gqa": dict(hidden_size=64, num_heads=4, num_kv_heads=2),
+    "mqa": dict(cls=MultiQueryAttention, hidden_size=64, num_heads=4),
+    "mha_headdim32": dict(cls=MultiHeadAttention, hidden_size=48, num_heads=3, head_dim=32),
+    "qwen2_bias": dict(hidden_size=64, num_heads=4, num_kv_heads=2, bias=True, rope_theta=1e6),
+    "interleaved": dict(hidden_size=64, num_heads=4, num_kv_heads=1, rope_interleaved=True),
+    "window5": dict(hidden_size=64, num_heads=4, num_kv_heads=2, sliding_window=5),
+    "window1_bias_interleaved": dict(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
                                      bias=True, sliding_window=1, rope_interleaved=True),
 }
 
@@ -170,14 +170,14 @@ def test_module_structure(device):
 def test_forward_matches_reference(name, dtype, device):
     mod = build(name, dtype, device)
     B, T = 2, 19
-    x = rand_x(B, T, mod.embed_dim, dtype, device)
+    x = rand_x(B, T, mod.hidden_size, dtype, device)
     pos = default_positions(B, T, device)
     with torch.no_grad():
         out = mod(x)
         ref64 = RefAttention.like(mod, torch.float64)(x.double(), mod.rope_cos.double(),
                                                        mod.rope_sin.double(), pos)
         same = RefAttention.like(mod, dtype)(x, mod.rope_cos, mod.rope_sin, pos)
-    assert out.shape == (B, T, mod.embed_dim) and out.dtype == dtype
+    assert out.shape == (B, T, mod.hidden_size) and out.dtype == dtype
     assert_close_to_ref(out, ref64, same, name="out")
 
 
@@ -186,7 +186,7 @@ def test_explicit_positions(dtype, device):
     """positions [B, T] (per row) and [T] (shared) rotate at those positions."""
     mod = build("qwen2_bias", dtype, device)
     B, T = 3, 11
-    x = rand_x(B, T, mod.embed_dim, dtype, device)
+    x = rand_x(B, T, mod.hidden_size, dtype, device)
     pos2d = torch.stack([torch.randperm(200, device=device)[:T] for _ in range(B)])
     pos1d = torch.arange(T, device=device) + 37
     for pos in (pos2d, pos1d):
@@ -205,8 +205,8 @@ def test_explicit_positions(dtype, device):
 def test_backward_matches_reference(name, dtype, device):
     mod = build(name, dtype, device)
     B, T = 2, 17
-    x0 = rand_x(B, T, mod.embed_dim, dtype, device)
-    w = torch.randn(B, T, mod.embed_dim, device=device, dtype=dtype)
+    x0 = rand_x(B, T, mod.hidden_size, dtype, device)
+    w = torch.randn(B, T, mod.hidden_size, device=device, dtype=dtype)
     pos = default_positions(B, T, device)
 
     def grads(fn, params, xdt):
@@ -260,7 +260,7 @@ def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
     """Prefill in two chunks (8 + 5 tokens), then decode 7 tokens one at a time, through a 2-layer
     stack sharing one cache: every step's output equals the full-sequence forward at its positions."""
     stack = make_stack(name, dtype, device)
-    E = stack.layers[0].embed_dim
+    E = stack.layers[0].hidden_size
     B, chunks = 3, [8, 5] + [1] * 7
     T = sum(chunks)
     x = rand_x(B, T, E, dtype, device)
@@ -288,7 +288,7 @@ def test_ragged_prompts_right_padded(kind, device):
     lengths, decode; each row equals its own unpadded full-sequence forward."""
     dtype = torch.float32
     stack = make_stack("window5", dtype, device)
-    E = stack.layers[0].embed_dim
+    E = stack.layers[0].hidden_size
     lens, P, n_dec = [11, 4, 8], 11, 5
     B = len(lens)
     xp = rand_x(B, P, E, dtype, device)          # the padding is random too
@@ -313,7 +313,7 @@ def test_ragged_prompts_right_padded(kind, device):
 def test_paged_equals_contiguous(block_size, device):
     dtype = torch.float32
     stack = make_stack("gqa", dtype, device)
-    E = stack.layers[0].embed_dim
+    E = stack.layers[0].hidden_size
     B, P, n_dec = 3, 21, 4
     x = rand_x(B, P + n_dec, E, dtype, device)
     contig = make_cache("contig", 2, B, P + n_dec, stack.layers[0], dtype, device)
@@ -345,7 +345,7 @@ def test_paged_equals_contiguous(block_size, device):
 def test_module_forward_no_graph_break(device):
     mod = build("window5", torch.float32, device)
     torch._dynamo.reset()
-    explanation = torch._dynamo.explain(mod)(rand_x(2, 9, mod.embed_dim, torch.float32, device))
+    explanation = torch._dynamo.explain(mod)(rand_x(2, 9, mod.hidden_size, torch.float32, device))
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
@@ -355,7 +355,7 @@ def test_compiled_decode_step(kind, device):
     torch.compile(fullgraph=True): no graph break, eager's results, the caches written in place."""
     dtype = torch.float32
     stack = make_stack("window5", dtype, device)
-    E = stack.layers[0].embed_dim
+    E = stack.layers[0].hidden_size
     B, P = 2, 9
     caches = {n: make_cache(kind, 2, B, 16, stack.layers[0], dtype, device)
               for n in ("eager", "compiled", "explain")}
@@ -428,7 +428,7 @@ def test_kvcache_host_methods(device):
 def test_kvcache_capacity_error_surfaces(device):
     """Appending past the capacity: the op's RuntimeError, nothing written, lengths unchanged."""
     stack = make_stack("gqa", torch.float32, device)
-    E = stack.layers[0].embed_dim
+    E = stack.layers[0].hidden_size
     cache = make_cache("contig", 2, 2, 8, stack.layers[0], torch.float32, device)
     with torch.no_grad():
         stack(rand_x(2, 6, E, torch.float32, device), cache=cache)
@@ -442,7 +442,7 @@ def test_kvcache_capacity_error_surfaces(device):
 def test_smaller_batch_than_cache(device):
     """A forward with B rows uses rows 0 .. B-1 of a larger cache and leaves the others alone."""
     mod = build("gqa", torch.float32, device)
-    x = rand_x(2, 5, mod.embed_dim, torch.float32, device)
+    x = rand_x(2, 5, mod.hidden_size, torch.float32, device)
     for kind in ("contig", "paged4"):
         cache = make_cache(kind, 1, 3, 8, mod, torch.float32, device)
         with torch.no_grad():
@@ -504,6 +504,6 @@ def test_paged_append_without_reserve_raises(device):
     cache = make_cache("paged4", 1, 2, 8, mod, torch.float32, device)
     before = [t.clone() for t in cache.k + cache.v]
     with torch.no_grad(), pytest.raises(RuntimeError, match="slot_mapping"):
-        mod(rand_x(2, 3, mod.embed_dim, torch.float32, device), cache=cache)
+        mod(rand_x(2, 3, mod.hidden_size, torch.float32, device), cache=cache)
     assert cache.lengths().tolist() == [0, 0]
     assert all(torch.equal(a, b) for a, b in zip(before, cache.k + cache.v))

@@ -284,7 +284,7 @@ def test_size_one_dims_with_huge_strides():
 # ---- 7. messages that name the right argument and the cause ----------------------------------------
 
 def test_module_batch_larger_than_cache_says_so():
-    attn = GroupedQueryAttention(embed_dim=32, num_heads=4, num_kv_heads=2)
+    attn = GroupedQueryAttention(hidden_size=32, num_heads=4, num_kv_heads=2)
     cache = KVCache(num_layers=1, batch_size=2, capacity=16, num_kv_heads=2, head_dim=8)
     with torch.no_grad(), pytest.raises(ValueError, match=re.escape(
             "KVCache: the input has batch size 3, but the cache has only 2 rows")):
@@ -292,8 +292,8 @@ def test_module_batch_larger_than_cache_says_so():
 
 
 def test_paged_module_without_reserve_names_reserve():
-    attn = GroupedQueryAttention(embed_dim=32, num_heads=4, num_kv_heads=2)
-    cache = PagedKVCache(num_layers=1, num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8, max_batch=2,
+    attn = GroupedQueryAttention(hidden_size=32, num_heads=4, num_kv_heads=2)
+    cache = PagedKVCache(num_layers=1, num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8, batch_size=2,
                          max_blocks_per_seq=2)
     with torch.no_grad(), pytest.raises(RuntimeError, match=re.escape("call reserve(3)")):
         attn(torch.randn(2, 3, 32), cache=cache)

@@ -105,13 +105,13 @@ class DeepseekMLAAttention(MultiHeadLatentAttention):
         row_start = torch.arange(B, device=hidden_states.device).unsqueeze(1) * T
         if attn_ops_real_tokens is None:
             positions = row_start + torch.arange(T, device=hidden_states.device)
-            out = super().forward(hidden_states, positions, cache, 0, rope_tables=(cos, sin))
+            out = self._forward_with_tables(hidden_states, positions, cache, 0, (cos, sin))
             padding = None
         else:
             # real tokens first, in order (a stable sort); the padding after them is causal-invisible
             order = torch.argsort((~attn_ops_real_tokens).to(torch.int8), dim=1, stable=True)
             x = hidden_states.gather(1, order.unsqueeze(-1).expand_as(hidden_states))
-            out = super().forward(x, row_start + order, cache, 0, rope_tables=(cos, sin))
+            out = self._forward_with_tables(x, row_start + order, cache, 0, (cos, sin))
             out = out.gather(1, torch.argsort(order, dim=1).unsqueeze(-1).expand_as(out))
             padding = (~attn_ops_real_tokens).sum(1, dtype=torch.int32)
         if layer is not None:

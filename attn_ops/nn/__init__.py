@@ -11,6 +11,7 @@
   :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token).
 * :class:`LinformerSelfAttention`: Linformer (keys/values projected along the sequence, linear in T).
 * :class:`AdditiveAttention`: Bahdanau attention on the fused additive_attention op.
+* :mod:`attn_ops.nn.parallel`: tensor-parallel linear layers and attention modules.
 * :class:`LightningAttention`: MiniMax-Text-01's linear-attention layer (transformers'
   ``MiniMaxLightningAttention`` parameter names); :class:`LinearAttentionState` is its recurrent-state pool.
 """
@@ -37,3 +38,11 @@ __all__ = [
     "LinformerSelfAttention",
     "AdditiveAttention",
 ]
+
+# Tensor-parallel layers and modules (what attn_ops.distributed.tensor_parallel returns).
+from . import parallel  # noqa: E402
+from .parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,  # noqa: E402
+                       TensorParallelMultiHeadLatentAttention)
+
+__all__ += ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelGroupedQueryAttention",
+            "TensorParallelMultiHeadLatentAttention"]

@@ -4,13 +4,14 @@ inference (:mod:`attn_ops.nn.cache`).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from ._collectives import copy_to_ranks, output_projection
+from .._deprecation import deprecated_arguments, renamed_attribute
 from ._common import RotaryTables, positions_for, rotate
 from .cache import KVCache, PagedKVCache
 
@@ -21,9 +22,9 @@ class GroupedQueryAttention(RotaryTables):
     """Causal grouped-query self-attention with RoPE, laid out like HuggingFace's Llama / Mistral /
     Qwen2 attention (so their checkpoints' weights load by name).
 
-    Parameters: ``q_proj`` (``embed_dim -> num_heads * head_dim``), ``k_proj`` / ``v_proj``
-    (``embed_dim -> num_kv_heads * head_dim``), all with a bias when ``bias=True`` (Qwen2), and
-    ``o_proj`` (``num_heads * head_dim -> embed_dim``, no bias). Query head ``h`` reads KV head
+    Parameters: ``q_proj`` (``hidden_size -> num_heads * head_dim``), ``k_proj`` / ``v_proj``
+    (``hidden_size -> num_kv_heads * head_dim``), all with a bias when ``bias=True`` (Qwen2), and
+    ``o_proj`` (``num_heads * head_dim -> hidden_size``, no bias). Query head ``h`` reads KV head
     ``h // (num_heads // num_kv_heads)``; K/V are never repeated in memory.
 
     Rotary embedding: non-persistent buffers ``rope_cos`` / ``rope_sin``
@@ -37,27 +38,31 @@ class GroupedQueryAttention(RotaryTables):
     ``i - W < j <= i``), i.e. the ops' ``window_left = W - 1``. ``None`` is unbounded.
 
     Args:
-        embed_dim: model width ``E``.
+        hidden_size: model width ``E`` (``embed_dim``, its old name, is deprecated).
         num_heads, num_kv_heads: query and key/value heads (``num_heads % num_kv_heads == 0``).
-        head_dim: defaults to ``embed_dim // num_heads``; must be even.
+        head_dim: defaults to ``hidden_size // num_heads``; must be even.
         bias: bias on ``q_proj`` / ``k_proj`` / ``v_proj``.
         rope_theta, max_position_embeddings: the rotary base and table length (positions must be
             below it).
+        softmax_scale: logit scale, default ``1 / sqrt(head_dim)`` (keyword-only; HF's ``scaling``).
 
     :meth:`from_linear` wraps a model's existing projections (docs/module_swap.md);
     :func:`attn_ops.distributed.tensor_parallel` shards the heads over ranks (docs/distributed.md).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,
+    embed_dim = renamed_attribute("hidden_size")
+
+    @deprecated_arguments(renamed={"embed_dim": "hidden_size"})
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,
                  bias: bool = False, rope_theta: float = 10000.0, sliding_window: Optional[int] = None,
                  rope_interleaved: bool = False, max_position_embeddings: int = 4096, device=None,
-                 dtype=None):
+                 dtype=None, *, softmax_scale: Optional[float] = None):
         super().__init__()
         if head_dim is None:
-            if embed_dim % num_heads:
-                raise ValueError(f"embed_dim ({embed_dim}) must be a multiple of num_heads ({num_heads}) "
+            if hidden_size % num_heads:
+                raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of num_heads ({num_heads}) "
                                  f"when head_dim is not given")
-            head_dim = embed_dim // num_heads
+            head_dim = hidden_size // num_heads
         if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
                              f"({num_kv_heads})")
@@ -65,31 +70,30 @@ class GroupedQueryAttention(RotaryTables):
             raise ValueError(f"head_dim must be even and >= 2 for rotary embeddings, got {head_dim}")
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
-        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
         self.head_dim = head_dim
+        self.softmax_scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.rope_interleaved = bool(rope_interleaved)
         self.sliding_window = sliding_window
         fk = dict(device=device, dtype=dtype)
-        self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias, **fk)
-        self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **fk)
-        self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **fk)
-        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=False, **fk)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias, **fk)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **fk)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **fk)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False, **fk)
         self._init_rotary(head_dim, rope_theta, max_position_embeddings, dtype, device)
-        # process group of the ranks sharing the heads; set by attn_ops.distributed.tensor_parallel
-        self.tp_group = None
 
     @classmethod
     def from_linear(cls, q_proj: nn.Linear, k_proj: nn.Linear, v_proj: nn.Linear, o_proj: nn.Linear, *,
                     num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,
                     rope_theta: float = 10000.0, sliding_window: Optional[int] = None,
-                    rope_interleaved: bool = False,
-                    max_position_embeddings: int = 4096) -> "GroupedQueryAttention":
+                    rope_interleaved: bool = False, max_position_embeddings: int = 4096,
+                    softmax_scale: Optional[float] = None) -> "GroupedQueryAttention":
         """A module that uses the given projections themselves (shared, not copied): the recipe for
         swapping a model's own attention module (docs/module_swap.md).
 
-        ``q_proj`` must map ``embed_dim -> num_heads * head_dim``, ``k_proj`` / ``v_proj``
-        ``embed_dim -> num_kv_heads * head_dim`` and ``o_proj`` ``num_heads * head_dim -> embed_dim``
-        (``embed_dim = q_proj.in_features``; ``head_dim`` defaults to ``embed_dim // num_heads``), all on
+        ``q_proj`` must map ``hidden_size -> num_heads * head_dim``, ``k_proj`` / ``v_proj``
+        ``hidden_size -> num_kv_heads * head_dim`` and ``o_proj`` ``num_heads * head_dim -> hidden_size``
+        (``hidden_size = q_proj.in_features``; ``head_dim`` defaults to ``hidden_size // num_heads``), all on
         one device with one dtype. Biases are used where the given layers have them (``q`` / ``k`` /
         ``v`` as Qwen2; ``o_proj`` too). The output rows of ``q_proj`` / ``k_proj`` / ``v_proj`` are
         read head-major (head ``h`` is rows ``h * head_dim .. (h + 1) * head_dim - 1``), query head
@@ -100,22 +104,23 @@ class GroupedQueryAttention(RotaryTables):
         for name, layer in layers.items():
             if not isinstance(layer, nn.Linear):
                 raise TypeError(f"{name} must be a torch.nn.Linear, got {type(layer).__name__}")
-        embed_dim, w = q_proj.in_features, q_proj.weight
+        hidden_size, w = q_proj.in_features, q_proj.weight
         module = GroupedQueryAttention(
-            embed_dim, num_heads, num_kv_heads, head_dim, rope_theta=rope_theta,
+            hidden_size, num_heads, num_kv_heads, head_dim, rope_theta=rope_theta,
             sliding_window=sliding_window, rope_interleaved=rope_interleaved,
-            max_position_embeddings=max_position_embeddings, device="meta", dtype=w.dtype)
+            max_position_embeddings=max_position_embeddings, device="meta", dtype=w.dtype,
+            softmax_scale=softmax_scale)
         q_dim, kv_dim = num_heads * module.head_dim, num_kv_heads * module.head_dim
         heads = f"num_heads * head_dim = {num_heads} * {module.head_dim}"
         kv_heads = f"num_kv_heads * head_dim = {num_kv_heads} * {module.head_dim}"
-        expected = dict(q_proj=((q_dim, embed_dim), f"embed_dim -> {heads}"),
-                        k_proj=((kv_dim, embed_dim), f"embed_dim -> {kv_heads}"),
-                        v_proj=((kv_dim, embed_dim), f"embed_dim -> {kv_heads}"),
-                        o_proj=((embed_dim, q_dim), f"{heads} -> embed_dim"))
+        expected = dict(q_proj=((q_dim, hidden_size), f"hidden_size -> {heads}"),
+                        k_proj=((kv_dim, hidden_size), f"hidden_size -> {kv_heads}"),
+                        v_proj=((kv_dim, hidden_size), f"hidden_size -> {kv_heads}"),
+                        o_proj=((hidden_size, q_dim), f"{heads} -> hidden_size"))
         for name, layer in layers.items():
             shape, what = expected[name]
             if tuple(layer.weight.shape) != shape:
-                raise ValueError(f"{name} must map {what} (embed_dim = q_proj.in_features = {embed_dim}): "
+                raise ValueError(f"{name} must map {what} (hidden_size = q_proj.in_features = {hidden_size}): "
                                  f"weight of shape {list(shape)}, got {list(layer.weight.shape)}")
             for pname, p in layer.named_parameters():
                 if p.dtype != w.dtype or p.device != w.device:
@@ -153,7 +158,6 @@ class GroupedQueryAttention(RotaryTables):
         ``cache.reserve(T)`` before the step.
         """
         B, T, _ = x.shape
-        x = copy_to_ranks(x, self.tp_group)
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
@@ -163,19 +167,21 @@ class GroupedQueryAttention(RotaryTables):
         rope = dict(interleaved=self.rope_interleaved, in_place=cache is not None)
         q, k = rotate(q, cos, sin, positions, **rope), rotate(k, cos, sin, positions, **rope)
         if cache is None:
-            out, _ = _ops.attention(q, k, v, causal=True, window_left=self.window_left)
+            out, _ = _ops.attention(q, k, v, scale=self.softmax_scale, causal=True,
+                                    window_left=self.window_left)
         else:
             cache.append(layer_idx, k, v)
-            out = cache.attend(layer_idx, q, window_left=self.window_left)
+            out = cache.attend(layer_idx, q, scale=self.softmax_scale, window_left=self.window_left)
             if layer_idx == cache.num_layers - 1:
                 cache.advance(T, B)
-        return output_projection(self.o_proj, out.reshape(B, T, self.num_heads * self.head_dim),
-                                 self.tp_group)
+        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
 
     def extra_repr(self) -> str:
-        s = (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+        s = (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
              f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
              f"rope_theta={self.rope_theta:g}")
+        if self.softmax_scale != 1.0 / math.sqrt(self.head_dim):
+            s += f", softmax_scale={self.softmax_scale:.6g}"
         if self.rope_interleaved:
             s += ", rope_interleaved=True"
         if self.sliding_window is not None:
@@ -186,12 +192,14 @@ class GroupedQueryAttention(RotaryTables):
 class MultiQueryAttention(GroupedQueryAttention):
     """:class:`GroupedQueryAttention` with one key/value head shared by all query heads (MQA)."""
 
-    def __init__(self, embed_dim: int, num_heads: int, head_dim: Optional[int] = None, **kwargs):
-        super().__init__(embed_dim, num_heads, 1, head_dim, **kwargs)
+    @deprecated_arguments(renamed={"embed_dim": "hidden_size"})
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: Optional[int] = None, **kwargs):
+        super().__init__(hidden_size, num_heads, 1, head_dim, **kwargs)
 
 
 class MultiHeadAttention(GroupedQueryAttention):
     """:class:`GroupedQueryAttention` with one key/value head per query head (MHA)."""
 
-    def __init__(self, embed_dim: int, num_heads: int, head_dim: Optional[int] = None, **kwargs):
-        super().__init__(embed_dim, num_heads, num_heads, head_dim, **kwargs)
+    @deprecated_arguments(renamed={"embed_dim": "hidden_size"})
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: Optional[int] = None, **kwargs):
+        super().__init__(hidden_size, num_heads, num_heads, head_dim, **kwargs)

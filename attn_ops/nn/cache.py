@@ -5,7 +5,7 @@ batch row (``seqlens``):
 
 * :class:`KVCache` -- contiguous: per layer ``k [batch, capacity, Hkv, D]`` / ``v [.., Dv]``.
 * :class:`PagedKVCache` -- paged (vLLM layout): per layer ``k [num_blocks, block_size, Hkv, D]``,
-  a ``block_table`` ``int32 [max_batch, max_blocks_per_seq]`` mapping each row's logical blocks to
+  a ``block_table`` ``int32 [batch_size, max_blocks_per_seq]`` mapping each row's logical blocks to
   physical ones, and a host-side free-block allocator (:meth:`PagedKVCache.reserve`).
 * :class:`LatentKVCache` / :class:`PagedLatentKVCache` -- the same two layouts for multi-head latent
   attention (:class:`attn_ops.nn.MultiHeadLatentAttention`): one row ``[c_kv ; k_pe]`` of
@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from .. import ops as _ops
+from .._deprecation import deprecated_arguments, renamed_attribute
 from ._common import check_positive
 
 __all__ = ["KVCache", "PagedKVCache", "LatentKVCache", "PagedLatentKVCache", "OutOfBlocksError"]
@@ -265,24 +266,22 @@ class _PagedBase(_CacheBase):
     """The paged layout shared by :class:`PagedKVCache` and :class:`PagedLatentKVCache`: the block
     table, the host-side block allocator and the slot mapping (see :class:`PagedKVCache`)."""
 
-    def _init_paged(self, num_layers: int, num_blocks: int, block_size: int, max_batch: int,
+    max_batch = renamed_attribute("batch_size")
+
+    def _init_paged(self, num_layers: int, num_blocks: int, block_size: int, batch_size: int,
                     max_blocks_per_seq: int, device) -> None:
         self.num_layers = check_positive("num_layers", num_layers)
         self.num_blocks = check_positive("num_blocks", num_blocks)
         self.block_size = check_positive("block_size", block_size)
-        self.max_batch = check_positive("max_batch", max_batch)
+        self.batch_size = check_positive("batch_size", batch_size)
         self.max_blocks_per_seq = check_positive("max_blocks_per_seq", max_blocks_per_seq)
-        self.seqlens = torch.zeros(max_batch, dtype=torch.int32, device=device)
-        self.block_table = torch.full((max_batch, max_blocks_per_seq), num_blocks, dtype=torch.int32,
+        self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+        self.block_table = torch.full((batch_size, max_blocks_per_seq), num_blocks, dtype=torch.int32,
                                       device=device)
         self._free: collections.deque = collections.deque(range(num_blocks))
-        self._row_blocks: List[List[int]] = [[] for _ in range(max_batch)]
+        self._row_blocks: List[List[int]] = [[] for _ in range(batch_size)]
 
     # ---- properties ----------------------------------------------------------------------------
-    @property
-    def batch_size(self) -> int:
-        return self.max_batch
-
     @property
     def capacity(self) -> int:
         """Tokens one row can hold (``max_blocks_per_seq * block_size``)."""
@@ -305,13 +304,13 @@ class _PagedBase(_CacheBase):
         already assigned are kept). Returns the number of blocks assigned by this call.
         """
         if isinstance(num_new_tokens, int):
-            counts = [num_new_tokens] * self.max_batch
+            counts = [num_new_tokens] * self.batch_size
         else:
             counts = [int(c) for c in torch.as_tensor(num_new_tokens).reshape(-1).tolist()]
-            if len(counts) > self.max_batch:
+            if len(counts) > self.batch_size:
                 raise ValueError(f"{type(self).__name__}.reserve: got {len(counts)} counts for a cache "
-                                 f"of {self.max_batch} rows")
-            counts += [0] * (self.max_batch - len(counts))
+                                 f"of {self.batch_size} rows")
+            counts += [0] * (self.batch_size - len(counts))
         if any(c < 0 for c in counts):
             raise ValueError(f"{type(self).__name__}.reserve: token counts must be >= 0, got {counts}")
         lengths = self.seqlens.tolist()
@@ -333,7 +332,7 @@ class _PagedBase(_CacheBase):
         if total == 0:
             return 0
         for j in range(max(need)):  # round-robin over the rows
-            for b in range(self.max_batch):
+            for b in range(self.batch_size):
                 if need[b] > j:
                     self._row_blocks[b].append(self._free.popleft())
         self._sync_table()
@@ -342,7 +341,7 @@ class _PagedBase(_CacheBase):
     def free_rows(self, rows: Rows) -> None:
         """Empty the given rows and return their blocks to the free list (reserve again before a
         row takes part in another step)."""
-        idx = _row_list(rows, self.max_batch, f"{type(self).__name__}.free_rows")
+        idx = _row_list(rows, self.batch_size, f"{type(self).__name__}.free_rows")
         for b in idx:
             self._free.extend(self._row_blocks[b])
             self._row_blocks[b] = []
@@ -365,11 +364,11 @@ class _PagedBase(_CacheBase):
         """Empty every row, free every block (the free list back in its initial order)."""
         super().reset()
         self._free = collections.deque(range(self.num_blocks))
-        self._row_blocks = [[] for _ in range(self.max_batch)]
+        self._row_blocks = [[] for _ in range(self.batch_size)]
         self._sync_table()
 
     def _sync_table(self) -> None:
-        table = torch.full((self.max_batch, self.max_blocks_per_seq), self.num_blocks,
+        table = torch.full((self.batch_size, self.max_blocks_per_seq), self.num_blocks,
                            dtype=torch.int32)
         for b, blocks in enumerate(self._row_blocks):
             if blocks:
@@ -411,7 +410,7 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
     """Paged KV cache (vLLM layout) with a host-side block allocator.
 
     Per layer ``k [num_blocks, block_size, Hkv, D]`` / ``v [.., Dv]``; ``block_table``
-    (``int32 [max_batch, max_blocks_per_seq]``): token ``p`` of row ``b`` lives in block
+    (``int32 [batch_size, max_blocks_per_seq]``): token ``p`` of row ``b`` lives in block
     ``block_table[b, p // block_size]`` at offset ``p % block_size``; entries not assigned hold
     ``num_blocks`` (out of range, so an append the allocator did not reserve for raises the op's
     ``RuntimeError`` and writes nothing). All layers share one block table.
@@ -422,12 +421,16 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
     go to the back of the free list. Raises :class:`OutOfBlocksError` (a ``RuntimeError``) when the free
     blocks do not suffice, and ``RuntimeError`` when a row would need more than ``max_blocks_per_seq``
     blocks; in both cases nothing is assigned.
+
+    ``batch_size`` (rows of the block table; a forward may use the first ``B <= batch_size``) was
+    called ``max_batch``; that keyword and attribute are deprecated aliases.
     """
 
+    @deprecated_arguments(renamed={"max_batch": "batch_size"})
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, max_batch: int, max_blocks_per_seq: int, *,
+                 head_dim: int, batch_size: int, max_blocks_per_seq: int, *,
                  head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None):
-        self._init_paged(num_layers, num_blocks, block_size, max_batch, max_blocks_per_seq, device)
+        self._init_paged(num_layers, num_blocks, block_size, batch_size, max_blocks_per_seq, device)
         self.k, self.v = _allocate_layers(num_layers, (num_blocks, block_size), num_kv_heads, head_dim,
                                           head_dim_v, dtype, device)
 
@@ -455,7 +458,7 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
     def __repr__(self) -> str:
         return (f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
                 f"block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, max_batch={self.max_batch}, "
+                f"head_dim={self.head_dim}, batch_size={self.batch_size}, "
                 f"max_blocks_per_seq={self.max_blocks_per_seq}, dtype={self.dtype}, "
                 f"device={self.device}, free_blocks={self.num_free_blocks})")
 
@@ -499,14 +502,16 @@ class LatentKVCache(_ContiguousRows, _LatentCacheBase):
     (row ``[c_kv ; k_pe]``: the normalized latent ``c_kv`` and the rotated ``k_pe`` of each token) and
     ``seqlens`` (``int32 [batch_size]``), used by :class:`attn_ops.nn.MultiHeadLatentAttention`.
 
-    ``bytes_per_token`` is ``num_layers * (kv_lora_rank + rope_dim) * element_size``, against
+    ``dtype`` / ``device`` are keyword-only (positional is deprecated). ``bytes_per_token`` is
+    ``num_layers * (kv_lora_rank + rope_dim) * element_size``, against
     ``num_layers * num_heads * (qk_nope + qk_rope + v_head_dim) * element_size`` for a K/V cache of the
     expanded heads (576 vs 40960 values per layer at DeepSeek-V3 size). Lengths, ``advance``,
     ``truncate``, ``free_rows``, ``reset`` as :class:`KVCache`.
     """
 
+    @deprecated_arguments(keyword_only=("dtype", "device"))
     def __init__(self, num_layers: int, batch_size: int, capacity: int, kv_lora_rank: int,
-                 rope_dim: int, dtype: torch.dtype = torch.float32, device=None):
+                 rope_dim: int, *, dtype: torch.dtype = torch.float32, device=None):
         self._init_rows(num_layers, batch_size, capacity, device)
         self._init_latent((batch_size, capacity), kv_lora_rank, rope_dim, dtype, device)
 
@@ -536,12 +541,15 @@ class LatentKVCache(_ContiguousRows, _LatentCacheBase):
 class PagedLatentKVCache(_PagedBase, _LatentCacheBase):
     """Paged MLA cache: per layer ``latent [num_blocks, block_size, kv_lora_rank + rope_dim]``, with
     the block table and host-side allocator of :class:`PagedKVCache` (``reserve`` before each step,
-    ``free_rows``, ``truncate``, ``reset``, :class:`OutOfBlocksError`). Any block size."""
+    ``free_rows``, ``truncate``, ``reset``, :class:`OutOfBlocksError`). Any block size. ``dtype`` /
+    ``device`` are keyword-only (positional is deprecated); ``max_batch`` is a deprecated alias of
+    ``batch_size``."""
 
+    @deprecated_arguments(renamed={"max_batch": "batch_size"}, keyword_only=("dtype", "device"))
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_lora_rank: int,
-                 rope_dim: int, max_batch: int, max_blocks_per_seq: int,
+                 rope_dim: int, batch_size: int, max_blocks_per_seq: int, *,
                  dtype: torch.dtype = torch.float32, device=None):
-        self._init_paged(num_layers, num_blocks, block_size, max_batch, max_blocks_per_seq, device)
+        self._init_paged(num_layers, num_blocks, block_size, batch_size, max_blocks_per_seq, device)
         self._init_latent((num_blocks, block_size), kv_lora_rank, rope_dim, dtype, device)
 
     def append(self, layer_idx: int, c_kv: Tensor, k_pe: Tensor) -> None:
@@ -564,6 +572,6 @@ class PagedLatentKVCache(_PagedBase, _LatentCacheBase):
 
     def __repr__(self) -> str:
         return (f"PagedLatentKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
-                f"block_size={self.block_size}, max_batch={self.max_batch}, "
+                f"block_size={self.block_size}, batch_size={self.batch_size}, "
                 f"max_blocks_per_seq={self.max_blocks_per_seq}, free_blocks={self.num_free_blocks}, "
                 f"{self._repr_dims()})")

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
+from .._deprecation import deprecated_arguments, renamed_attribute
 
 __all__ = ["LinformerSelfAttention"]
 
@@ -21,8 +22,8 @@ class LinformerSelfAttention(nn.Module):
     """Bidirectional multi-head (or grouped-query) self-attention with Linformer's sequence projections,
     on :func:`attn_ops.attention`.
 
-    Parameters: ``q_proj`` (``embed_dim -> num_heads * head_dim``), ``k_proj`` / ``v_proj``
-    (``embed_dim -> num_kv_heads * head_dim``), ``o_proj`` (``num_heads * head_dim -> embed_dim``), all
+    Parameters: ``q_proj`` (``hidden_size -> num_heads * head_dim``), ``k_proj`` / ``v_proj``
+    (``hidden_size -> num_kv_heads * head_dim``), ``o_proj`` (``num_heads * head_dim -> hidden_size``), all
     with biases, and the sequence projections, by ``sharing`` (the paper's options):
 
     * ``"none"``: ``e_proj`` and ``f_proj`` of shape ``[num_kv_heads, proj_len, seq_len]``, one pair per
@@ -42,21 +43,27 @@ class LinformerSelfAttention(nn.Module):
     key row at full length.
 
     Args:
-        embed_dim: model width; ``head_dim = embed_dim // num_heads``.
+        hidden_size: model width; ``head_dim = hidden_size // num_heads`` (``embed_dim``, its old name,
+            is deprecated).
         num_heads: query heads. num_kv_heads: key/value heads (default ``num_heads``), dividing it.
         seq_len: the longest sequence ``n``. proj_len: the projected length ``k``.
         sharing: one of ``"none"``, ``"headwise"``, ``"key_value"``, ``"layerwise"``.
         shared_projection: with ``sharing="layerwise"``, a ``[proj_len, seq_len]`` parameter to share.
+        softmax_scale: logit scale, default ``1 / sqrt(head_dim)``.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, seq_len: int, proj_len: int, *,
+    embed_dim = renamed_attribute("hidden_size")
+
+    @deprecated_arguments(renamed={"embed_dim": "hidden_size"})
+    def __init__(self, hidden_size: int, num_heads: int, seq_len: int, proj_len: int, *,
                  num_kv_heads: Optional[int] = None, sharing: str = "none",
-                 shared_projection: Optional[nn.Parameter] = None, device=None, dtype=None):
+                 shared_projection: Optional[nn.Parameter] = None, softmax_scale: Optional[float] = None,
+                 device=None, dtype=None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or embed_dim % num_heads:
-            raise ValueError(f"LinformerSelfAttention: embed_dim expected a multiple of num_heads ({num_heads}), "
-                             f"got {embed_dim}")
+        if num_heads < 1 or hidden_size % num_heads:
+            raise ValueError(f"LinformerSelfAttention: hidden_size expected a multiple of num_heads "
+                             f"({num_heads}), got {hidden_size}")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"LinformerSelfAttention: num_kv_heads expected a divisor of num_heads ({num_heads}), "
                              f"got {num_kv_heads}")
@@ -72,13 +79,14 @@ class LinformerSelfAttention(nn.Module):
             raise ValueError(f"LinformerSelfAttention: shared_projection expected shape ({proj_len}, {seq_len}) "
                              f"[proj_len, seq_len], got {tuple(shared_projection.shape)}")
         factory = {"device": device, "dtype": dtype}
-        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
-        self.head_dim = embed_dim // num_heads
+        self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
+        self.head_dim = hidden_size // num_heads
+        self.softmax_scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
         self.seq_len, self.proj_len, self.sharing = seq_len, proj_len, sharing
-        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, **factory)
-        self.k_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, **factory)
-        self.v_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, **factory)
-        self.o_proj = nn.Linear(num_heads * self.head_dim, embed_dim, **factory)
+        self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim, **factory)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, **factory)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, **factory)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, **factory)
 
         def projection(*lead: int) -> nn.Parameter:
             return nn.Parameter(torch.randn(*lead, proj_len, seq_len, **factory) / math.sqrt(seq_len))
@@ -101,9 +109,9 @@ class LinformerSelfAttention(nn.Module):
         return torch.einsum("pt,bthd->bphd", proj, x)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x`` ``[batch, T, embed_dim]`` with ``T <= seq_len`` -> ``[batch, T, embed_dim]``."""
-        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"LinformerSelfAttention: x expected shape [batch, seq_len, {self.embed_dim}], "
+        """``x`` ``[batch, T, hidden_size]`` with ``T <= seq_len`` -> ``[batch, T, hidden_size]``."""
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"LinformerSelfAttention: x expected shape [batch, seq_len, {self.hidden_size}], "
                              f"got {list(x.shape)}")
         B, T, _ = x.shape
         if T > self.seq_len:
@@ -112,5 +120,6 @@ class LinformerSelfAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         f_proj = self.e_proj if self.f_proj is None else self.f_proj
-        out, _ = _ops.attention(q, self._project(self.e_proj, k), self._project(f_proj, v))
+        out, _ = _ops.attention(q, self._project(self.e_proj, k), self._project(f_proj, v),
+                                scale=self.softmax_scale)
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))

@@ -14,6 +14,7 @@ path (``q_a_proj -> RMSNorm -> q_b_proj``, or one ``q_proj``) and splits per hea
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Optional, Tuple, Union
 
@@ -21,7 +22,6 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from ._collectives import copy_to_ranks, output_projection
 from ._common import RotaryTables, check_positive, positions_for, rotate
 from .cache import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
 
@@ -75,7 +75,8 @@ class MultiHeadLatentAttention(RotaryTables):
         rms_norm_eps: epsilon of the two RMSNorms (HF uses its default 1e-6 for them).
 
     Tensor parallel (heads sharded over ranks, latent cache replicated):
-    :func:`attn_ops.distributed.tensor_parallel` (docs/distributed.md).
+    :func:`attn_ops.distributed.tensor_parallel` gives a
+    :class:`~attn_ops.nn.parallel.TensorParallelMultiHeadLatentAttention` (docs/distributed.md).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, q_lora_rank: Optional[int], kv_lora_rank: int,
@@ -115,8 +116,6 @@ class MultiHeadLatentAttention(RotaryTables):
         self._init_rotary(qk_rope_head_dim, rope_theta, max_position_embeddings, dtype, device)
         # (key, weakref to kv_b_proj.weight, w_uk, w_uv): see absorbed_weights()
         self._absorbed: Optional[tuple] = None
-        # process group of the ranks sharing the heads; set by attn_ops.distributed.tensor_parallel
-        self.tp_group = None
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
@@ -185,24 +184,45 @@ class MultiHeadLatentAttention(RotaryTables):
         lengths by ``T``. Tensor ops only: a decode step compiles with ``fullgraph=True``. A paged
         cache needs ``cache.reserve(T)`` before the step.
 
-        ``rope_tables``: optional ``(cos, sin)`` ``[N, rope / 2]`` (float32 or ``x``'s dtype) used instead
-        of the module's ``rope_cos`` / ``rope_sin``; ``positions`` (required then) index their rows. For
-        angles computed elsewhere, e.g. per-token tables from HuggingFace's ``position_embeddings``
-        (any RoPE scaling, YaRN's attention factor included).
+        ``rope_tables`` is deprecated (removed in the next release): rotary angles computed elsewhere
+        belong in a subclass that calls :meth:`_forward_with_tables`, as the DeepSeek adapter
+        (:class:`attn_ops.integrations.deepseek.DeepseekMLAAttention`) does.
         """
-        B, T, _ = x.shape
-        H, nope, rope, dv, dc = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim,
-                                 self.v_head_dim, self.kv_lora_rank)
+        if rope_tables is not None:
+            warnings.warn("MultiHeadLatentAttention.forward: 'rope_tables' is deprecated and will be removed "
+                          "in the next release; subclass and call '_forward_with_tables' (as "
+                          "attn_ops.integrations.deepseek.DeepseekMLAAttention does)", FutureWarning,
+                          stacklevel=2)
+        return self._forward_with_tables(x, positions, cache, layer_idx, rope_tables)
+
+    def _queries(self, x: Tensor) -> Tensor:
+        """``q [B, T, H, nope + rope]`` of ``x [B, T, hidden]``."""
         if self.q_lora_rank is None:
-            q = self.q_proj(copy_to_ranks(x, self.tp_group))
+            q = self.q_proj(x)
         else:
-            q = self.q_b_proj(copy_to_ranks(self.q_a_layernorm(self.q_a_proj(x)), self.tp_group))
-        q = q.view(B, T, H, self.qk_head_dim)
-        q_nope, q_pe = q[..., :nope], q[..., nope:]
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return q.view(*x.shape[:2], self.num_heads, self.qk_head_dim)
+
+    def _latent(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(c_kv [B, T, d_c], k_pe [B, T, rope])`` of ``x [B, T, hidden]``: the normalized latent and
+        the (not yet rotated) rotary key, both shared by every head."""
         compressed = self.kv_a_proj_with_mqa(x)
-        # under tensor parallelism c_kv / k_pe feed this rank's heads only: f sums their gradients
-        c_kv = copy_to_ranks(self.kv_a_layernorm(compressed[..., :dc]), self.tp_group)  # [B, T, d_c]
-        k_pe = copy_to_ranks(compressed[..., dc:], self.tp_group).unsqueeze(2)  # [B, T, 1, rope], all heads
+        return self.kv_a_layernorm(compressed[..., :self.kv_lora_rank]), compressed[..., self.kv_lora_rank:]
+
+    def _forward_with_tables(self, x: Tensor, positions: Optional[Tensor],
+                             cache: Optional[Union[LatentKVCache, PagedLatentKVCache]], layer_idx: int,
+                             rope_tables: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
+        """:meth:`forward` with the rotary angles given: ``rope_tables`` ``(cos, sin)`` ``[N, rope / 2]``
+        (float32 or ``x``'s dtype) used instead of the module's ``rope_cos`` / ``rope_sin``, whose rows
+        ``positions`` (required then) index -- for angles computed elsewhere, e.g. per-token tables from
+        transformers' ``position_embeddings`` (any RoPE scaling, YaRN's attention factor included).
+        ``None``: the module's own tables."""
+        B, T, _ = x.shape
+        H, nope, rope, dv = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        q = self._queries(x)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
+        c_kv, k_pe = self._latent(x)
+        k_pe = k_pe.unsqueeze(2)  # [B, T, 1, rope], shared by all heads
         if rope_tables is None:
             cos, sin = self._tables(q.dtype)
         elif positions is None:
@@ -224,10 +244,11 @@ class MultiHeadLatentAttention(RotaryTables):
             q = torch.cat((q_nope, q_pe), dim=-1)
             k = torch.cat((k_nope, k_pe.expand(B, T, H, rope)), dim=-1)
             out, _ = _ops.attention(q, k, v, causal=True, scale=self.softmax_scale)
-            return output_projection(self.o_proj, out.reshape(B, T, H * dv), self.tp_group)
+            return self.o_proj(out.reshape(B, T, H * dv))
 
         cache.append(layer_idx, c_kv, k_pe.squeeze(2))
         w_uk, w_uv = self.absorbed_weights()
+        dc = self.kv_lora_rank
         # q_latent_h = W_UK_h^T q_nope_h, as H matmuls [B*T, nope] @ [nope, d_c]
         q_latent = torch.bmm(q_nope.reshape(B * T, H, nope).transpose(0, 1), w_uk)
         q_latent = q_latent.transpose(0, 1).view(B, T, H, dc)     # strided view, last dim stride 1
@@ -236,7 +257,7 @@ class MultiHeadLatentAttention(RotaryTables):
         out = torch.bmm(out_latent.reshape(B * T, H, dc).transpose(0, 1), w_uv)
         if layer_idx == cache.num_layers - 1:
             cache.advance(T, B)
-        return output_projection(self.o_proj, out.transpose(0, 1).reshape(B, T, H * dv), self.tp_group)
+        return self.o_proj(out.transpose(0, 1).reshape(B, T, H * dv))
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "

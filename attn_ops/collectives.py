@@ -1,4 +1,5 @@
-"""Differentiable collectives for tensor-parallel attention (Megatron-LM's ``f`` / ``g`` operators).
+"""Differentiable collectives for tensor-parallel attention (Megatron-LM's ``f`` / ``g`` operators),
+used by the parallel layers of :mod:`attn_ops.nn.parallel` and by :mod:`attn_ops.distributed`.
 
 Convention (as Megatron-LM): every rank of the group holds the same activations outside the
 attention module and computes the same loss from the module's (replicated) output. So
@@ -16,12 +17,11 @@ gradient again, which under this convention multiplies it by the world size.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
+
+__all__ = ["copy_to_ranks", "reduce_from_ranks", "gather_from_ranks"]
 
 
 class _CopyToRanks(torch.autograd.Function):
@@ -77,13 +77,3 @@ def reduce_from_ranks(x: Tensor, group) -> Tensor:
 def gather_from_ranks(x: Tensor, group) -> Tensor:
     """``[world_size, *x.shape]``: every rank's ``x`` in rank order; backward keeps this rank's slice."""
     return _GatherFromRanks.apply(x, group)
-
-
-def output_projection(o_proj: nn.Linear, h: Tensor, group: Optional[object]) -> Tensor:
-    """``o_proj(h)``; under tensor parallelism (``group`` given) ``o_proj`` is row-parallel: each rank
-    multiplies its heads' columns, one all-reduce sums the partial products, and the (replicated) bias
-    is added once, after the sum."""
-    if group is None:
-        return o_proj(h)
-    out = reduce_from_ranks(F.linear(h, o_proj.weight), group)
-    return out if o_proj.bias is None else out + o_proj.bias
