@@ -10,20 +10,14 @@ import torch
 
 import attn_ops
 import crash_isolation
+from error_helpers import expect_error, rand, strided
 from reference import assert_close_to_ref, attention_ref, cu_seqlens, ref_kwargs
 
 FNS = ["attention", "attention_backward"]
-PREFIX = {"attention": "attn_ops.attention: ", "attention_backward": "attn_ops.attention_backward: "}
 
 DENSE_Q, DENSE_K, DENSE_V = (2, 5, 8, 64), (2, 7, 4, 64), (2, 7, 4, 64)
 VAR_Q, VAR_K, VAR_V = (12, 8, 64), (7, 4, 64), (7, 4, 64)
 CU_Q, CU_K = [0, 5, 12], [0, 3, 7]
-
-
-def rand(shape, dtype=torch.float32, device="cpu"):
-    if dtype.is_floating_point:
-        return torch.randn(shape, dtype=dtype, device=device)
-    return (torch.randn(shape, device=device) * 3).to(dtype)
 
 
 def qkv(device="cpu", q=DENSE_Q, k=DENSE_K, v=DENSE_V, dtype=torch.float32):
@@ -61,13 +55,11 @@ def call(fn, q, k, v, dout=None, out=None, lse=None, **kw):
 
 
 def raises(fn, msg, *args, **kw):
-    with pytest.raises(RuntimeError, match=re.escape(PREFIX[fn] + msg)):
-        call(fn, *args, **kw)
+    expect_error(fn, msg, fn, *args, call=call, **kw)
 
 
 def raises_re(fn, pattern, *args, **kw):
-    with pytest.raises(RuntimeError, match=re.escape(PREFIX[fn]) + pattern):
-        call(fn, *args, **kw)
+    expect_error(fn, pattern, fn, *args, call=call, regex=True, **kw)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,12 +151,6 @@ def test_device_mismatch_cuda(fn):
            cu_seqlens_q=kw["cu_seqlens_q"].cpu(), cu_seqlens_k=kw["cu_seqlens_k"])
     raises(fn, "cu_seqlens_k must be on the same device as q (cuda", q, k, v,
            cu_seqlens_q=kw["cu_seqlens_q"], cu_seqlens_k=kw["cu_seqlens_k"].cpu())
-
-
-def strided(shape, device, dtype=torch.float32):
-    x = torch.randn(*shape[:-1], shape[-1] * 2, dtype=dtype, device=device)[..., ::2]
-    assert x.stride(-1) == 2 and tuple(x.shape) == tuple(shape)
-    return x
 
 
 @pytest.mark.parametrize("fn", FNS)
@@ -415,12 +401,9 @@ def test_backward_dlse_shape_dtype(device):
 def test_autograd_path_raises_same_message(device):
     q, k, v = qkv(device, k=(2, 7, 4, 32))
     q.requires_grad_()
-    with pytest.raises(RuntimeError, match=re.escape(
-            "attn_ops.attention: k must have head_dim_qk 64 (as q), got 32")):
-        attn_ops.attention(q, k, v)
-    with pytest.raises(RuntimeError, match=re.escape(
-            "attn_ops.attention: window_left must be >= -1 (-1 means unbounded), got -3")):
-        torch.ops.attn_ops.attention(q, *qkv(device)[1:], window_left=-3)
+    expect_error("attention", "k must have head_dim_qk 64 (as q), got 32", q, k, v)
+    expect_error("attention", "window_left must be >= -1 (-1 means unbounded), got -3", q, *qkv(device)[1:],
+                 call=torch.ops.attn_ops.attention, window_left=-3)
 
 
 # --------------------------------------------------------------------------------------------------

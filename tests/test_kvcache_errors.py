@@ -13,9 +13,9 @@ import torch
 
 import attn_ops
 import crash_isolation
+from error_helpers import expect_error, i32, rand, strided
 
 APP, PAG, ATT = "kv_cache_append", "paged_kv_cache_append", "attention_with_kvcache"
-PREFIX = {n: f"attn_ops.{n}: " for n in (APP, PAG, ATT)}
 
 # kv_cache_append: caches [B=2, capacity=16, Hkv=4, 64], 3 new tokens, lengths [2, 5]
 A_KC, A_VC, A_K, A_V, A_LENS = (2, 16, 4, 64), (2, 16, 4, 64), (2, 3, 4, 64), (2, 3, 4, 64), [2, 5]
@@ -29,55 +29,13 @@ Q, C_KC, C_VC, PG_KC, PG_VC = (2, 1, 8, 64), (2, 32, 4, 64), (2, 32, 4, 64), (6,
 Q_LENS, BT = [5, 20], [[3, 0], [5, 1]]
 
 
-def rand(shape, dtype=torch.float32, device="cpu"):
-    if dtype.is_floating_point or dtype.is_complex:
-        return torch.randn(shape, dtype=dtype, device=device)
-    return (torch.randn(shape, device=device) * 3).to(dtype)
-
-
-def i32(x, device="cpu"):
-    return torch.tensor(x, dtype=torch.int32, device=device)
-
-
-def strided(shape, device="cpu", dtype=torch.float32):
-    x = torch.randn(*shape[:-1], shape[-1] * 2, dtype=dtype, device=device)[..., ::2]
-    assert x.stride(-1) == 2 and tuple(x.shape) == tuple(shape)
-    return x
-
-
-def _snapshot(*caches):
-    """(buffer, copy) of every buffer the caches live in (meta tensors have no values)."""
-    snap = []
-    for t in caches:
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-            continue
-        base = t._base if t._base is not None else t
-        snap.append((base, base.clone()))
-    return snap
-
-
-def _assert_unchanged(snap):
-    for base, before in snap:
-        assert torch.equal(base, before), "a rejected call wrote into a cache"
-
-
-def _call(op, args, kw):
-    return getattr(attn_ops, op)(*args, **kw)
-
-
 def raises(op, msg, *args, **kw):
-    """The op raises RuntimeError with PREFIX + msg and (appends) leaves the caches untouched."""
-    snap = _snapshot(*args[:2]) if op in (APP, PAG) else []
-    with pytest.raises(RuntimeError, match=re.escape(PREFIX[op] + msg)):
-        _call(op, args, kw)
-    _assert_unchanged(snap)
+    """The op raises RuntimeError with "attn_ops.<op>: " + msg and (appends) leaves the caches untouched."""
+    expect_error(op, msg, *args, written=args[:2] if op in (APP, PAG) else (), **kw)
 
 
 def raises_re(op, pattern, *args, **kw):
-    snap = _snapshot(*args[:2]) if op in (APP, PAG) else []
-    with pytest.raises(RuntimeError, match=re.escape(PREFIX[op]) + pattern):
-        _call(op, args, kw)
-    _assert_unchanged(snap)
+    expect_error(op, pattern, *args, written=args[:2] if op in (APP, PAG) else (), regex=True, **kw)
 
 
 def app_args(device="cpu", kc=A_KC, vc=A_VC, k=A_K, v=A_V, lens=A_LENS, dtype=torch.float32):
@@ -231,12 +189,8 @@ def test_append_exceeds_capacity(device):
 @pytest.mark.host_value_check
 def test_append_torch_ops_path_same_message(device):
     args = app_args(device, lens=[2, 14])
-    snap = _snapshot(*args[:2])
-    with pytest.raises(RuntimeError, match=re.escape(
-            "attn_ops.kv_cache_append: cache_seqlens[1] = 14 plus 3 new tokens exceeds the "
-            "cache capacity 16")):
-        torch.ops.attn_ops.kv_cache_append(*args)
-    _assert_unchanged(snap)
+    expect_error(APP, "cache_seqlens[1] = 14 plus 3 new tokens exceeds the cache capacity 16", *args,
+                 call=torch.ops.attn_ops.kv_cache_append, written=args[:2])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,11 +311,8 @@ def test_paged_slot_out_of_range(slot_dtype, device):
 @pytest.mark.host_value_check
 def test_paged_torch_ops_path_same_message(device):
     args = pag_args(device, slots=[3, 17, -1, 96, 5])
-    snap = _snapshot(*args[:2])
-    with pytest.raises(RuntimeError, match=re.escape(
-            "attn_ops.paged_kv_cache_append: slot_mapping[3] = 96 is out of range")):
-        torch.ops.attn_ops.paged_kv_cache_append(*args)
-    _assert_unchanged(snap)
+    expect_error(PAG, "slot_mapping[3] = 96 is out of range", *args,
+                 call=torch.ops.attn_ops.paged_kv_cache_append, written=args[:2])
 
 
 # --------------------------------------------------------------------------------------------------

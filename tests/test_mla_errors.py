@@ -13,10 +13,9 @@ import torch
 
 import attn_ops
 import crash_isolation
-from test_kvcache_errors import _assert_unchanged, _snapshot, i32, rand, strided
+from error_helpers import expect_error, i32, rand, strided
 
 APP, DEC = "mla_cache_append", "mla_decode"
-PREFIX = {n: f"attn_ops.{n}: " for n in (APP, DEC)}
 
 # mla_cache_append, contiguous: cache [B=2, capacity=16, 512 + 64], 3 new tokens, lengths [2, 5]
 A_C, A_CKV, A_KPE, A_LENS = (2, 16, 576), (2, 3, 512), (2, 3, 64), [2, 5]
@@ -29,20 +28,13 @@ Q_L, Q_R, D_C, D_PC, D_LENS, D_BT = (2, 1, 16, 512), (2, 1, 16, 64), (2, 32, 576
 SCALE = 192 ** -0.5
 
 
-def _call(op, args, kw):
-    return getattr(attn_ops, op)(*args, **kw)
-
-
 def raises(op, msg, *args, **kw):
-    """The op raises RuntimeError with PREFIX + msg and (append) leaves the cache untouched."""
+    """The op raises RuntimeError with "attn_ops.<op>: " + msg and (append) leaves the cache untouched."""
     raises_re(op, re.escape(msg), *args, **kw)
 
 
 def raises_re(op, pattern, *args, **kw):
-    snap = _snapshot(args[0]) if op == APP else []
-    with pytest.raises(RuntimeError, match=re.escape(PREFIX[op]) + pattern):
-        _call(op, args, kw)
-    _assert_unchanged(snap)
+    expect_error(op, pattern, *args, written=args[:1] if op == APP else (), regex=True, **kw)
 
 
 def app(device="cpu", c=A_C, ckv=A_CKV, kpe=A_KPE, lens=A_LENS, dtype=torch.float32):
@@ -269,28 +261,18 @@ def test_append_slot_out_of_range(slot_dtype, device):
 @pytest.mark.host_value_check
 def test_append_torch_ops_path_same_message(device):
     args, kw = app(device, lens=[2, 14])
-    snap = _snapshot(args[0])
-    with pytest.raises(RuntimeError, match=re.escape(
-            "attn_ops.mla_cache_append: cache_seqlens[1] = 14 plus 3 new tokens exceeds the "
-            "cache capacity 16")):
-        torch.ops.attn_ops.mla_cache_append(*args, **kw)
-    _assert_unchanged(snap)
+    expect_error(APP, "cache_seqlens[1] = 14 plus 3 new tokens exceeds the cache capacity 16", *args,
+                 call=torch.ops.attn_ops.mla_cache_append, written=args[:1], **kw)
     args, kw = pag(device, slots=[3, 17, -1, 96, 5])
-    snap = _snapshot(args[0])
-    with pytest.raises(RuntimeError, match=re.escape(
-            "attn_ops.mla_cache_append: slot_mapping[3] = 96 is out of range")):
-        torch.ops.attn_ops.mla_cache_append.default(*args, **kw)
-    _assert_unchanged(snap)
+    expect_error(APP, "slot_mapping[3] = 96 is out of range", *args,
+                 call=torch.ops.attn_ops.mla_cache_append.default, written=args[:1], **kw)
 
 
 def test_append_rejected_on_sliced_cache_view_writes_nothing(device):
     # the cache is a view of a wider buffer: the padding columns must stay untouched too
     buf = torch.randn(2, 16, 580, device=device)
     (_, ckv, kpe), kw = app(device, lens=[2, 14])
-    before = buf.clone()
-    with pytest.raises(RuntimeError, match=re.escape(PREFIX[APP] + "cache_seqlens[1] = 14")):
-        attn_ops.mla_cache_append(buf[..., :576], ckv, kpe, **kw)
-    assert torch.equal(buf, before)
+    raises(APP, "cache_seqlens[1] = 14", buf[..., :576], ckv, kpe, **kw)  # snapshots the whole buffer
 
 
 # --------------------------------------------------------------------------------------------------
@@ -465,9 +447,8 @@ def test_decode_block_table_out_of_range(device):
 @pytest.mark.host_value_check
 def test_decode_torch_ops_path_same_message(device):
     args, kw = pdec(device, bt=[[3, 0], [7, 1]])
-    with pytest.raises(RuntimeError, match=re.escape(
-            "attn_ops.mla_decode: block_table[1, 0] = 7 is out of range [0, 6)")):
-        torch.ops.attn_ops.mla_decode(*args, **kw)
+    expect_error(DEC, "block_table[1, 0] = 7 is out of range [0, 6)", *args, call=torch.ops.attn_ops.mla_decode,
+                 **kw)
 
 
 # --------------------------------------------------------------------------------------------------

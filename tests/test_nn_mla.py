@@ -26,7 +26,9 @@ from attn_ops.nn import (KVCache, LatentKVCache, MultiHeadLatentAttention, OutOf
                          PagedLatentKVCache)
 from reference import assert_close_to_ref
 from rope_reference import rope_ref
-from model_helpers import Stack, gather_paged
+from model_helpers import (cache_factory, cached_step, check_paged_equals_contiguous,
+                           check_prefill_then_decode, check_ragged_prompts_right_padded, default_positions,
+                           make_cache_of, rand_x, randomize_vectors, rotate_half, stack_of)
 
 F32_F64 = [torch.float32, torch.float64]
 F32_F64_IDS = ["f32", "f64"]
@@ -35,11 +37,6 @@ F32_F64_IDS = ["f32", "f64"]
 # --------------------------------------------------------------------------------------------------
 # Plain-PyTorch reference: HuggingFace DeepseekV3Attention (eager), written out
 # --------------------------------------------------------------------------------------------------
-def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class RefRMSNorm(nn.Module):
     """DeepseekV3RMSNorm (float32 math; float64 stays float64 so that ref64 is the ground truth)."""
 
@@ -149,36 +146,14 @@ CONFIGS = {
 
 def build(name, dtype, device, max_pos=256):
     mod = MultiHeadLatentAttention(max_position_embeddings=max_pos, **CONFIGS[name])
-    mod = mod.to(device=device, dtype=dtype)
-    with torch.no_grad():  # random norm weights and biases (nn.Linear's default init for weights)
-        for p in mod.parameters():
-            if p.dim() == 1:
-                p.copy_(torch.randn_like(p) * 0.5)
-    return mod
-
-
-def rand_x(B, T, E, dtype, device):
-    return (2 * torch.randn(B, T, E, device=device)).to(dtype)
-
-
-def default_positions(B, T, device):
-    return torch.arange(T, device=device).expand(B, T)
+    return randomize_vectors(mod.to(device=device, dtype=dtype))
 
 
 def make_cache(kind, num_layers, B, capacity, mod, dtype, device, spare_blocks=3):
-    dc, rope = mod.kv_lora_rank, mod.qk_rope_head_dim
-    if kind == "contig":
-        return LatentKVCache(num_layers, B, capacity, dc, rope, dtype=dtype, device=device)
-    bs = int(kind.replace("paged", ""))
-    mb = -(-capacity // bs)
-    return PagedLatentKVCache(num_layers, B * mb + spare_blocks, bs, dc, rope, B, mb, dtype=dtype,
-                              device=device)
-
-
-def cached_step(model, x, cache):
-    if isinstance(cache, PagedLatentKVCache):
-        cache.reserve(x.shape[1])
-    return model(x, cache=cache)
+    dc, rope, kw = mod.kv_lora_rank, mod.qk_rope_head_dim, dict(dtype=dtype, device=device)
+    return make_cache_of(kind, B, capacity, lambda cap: LatentKVCache(num_layers, B, cap, dc, rope, **kw),
+                         lambda nb, bs, mb: PagedLatentKVCache(num_layers, nb, bs, dc, rope, B, mb, **kw),
+                         spare_blocks)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,28 +289,10 @@ CACHED_TOL = {torch.float32: 5e-5, torch.float64: 1e-10}
 @pytest.mark.parametrize("name", ["q_lora", "bias_scale"])
 @pytest.mark.parametrize("kind", CACHE_KINDS)
 def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
-    """Prefill in two chunks (8 + 5 tokens), then decode 7 tokens one at a time, through a 2-layer
-    stack sharing one cache: every step's output equals the full-sequence forward at its positions."""
-    stack = Stack([build(name, dtype, device) for _ in range(2)])
-    E = stack.layers[0].hidden_size
-    B, chunks = 3, [8, 5] + [1] * 7
-    T = sum(chunks)
-    x = rand_x(B, T, E, dtype, device)
-    pos = default_positions(B, T, device)
-    cache = make_cache(kind, 2, B, T + 3, stack.layers[0], dtype, device)
-    outs, s = [], 0
-    with torch.no_grad():
-        full = stack(x)
-        for n in chunks:
-            outs.append(cached_step(stack, x[:, s:s + n], cache))
-            s += n
-            assert cache.lengths().tolist() == [s] * B
-        ref64 = ref_stack_forward(stack, x, pos, torch.float64)
-        same = ref_stack_forward(stack, x, pos, dtype)
-    cached = torch.cat(outs, dim=1)
-    tol = CACHED_TOL[dtype]
-    torch.testing.assert_close(cached, full, rtol=tol, atol=tol)
-    assert_close_to_ref(cached, ref64, same, name="cached")
+    """model_helpers.check_prefill_then_decode through a 2-layer stack sharing one latent cache."""
+    stack = stack_of(build, name, dtype, device)
+    check_prefill_then_decode(stack, cache_factory(make_cache, stack, dtype, device, kind), ref_stack_forward, dtype,
+                              device, CACHED_TOL[dtype])
 
 
 def test_v3_head_dims_cached(device):
@@ -354,51 +311,16 @@ def test_v3_head_dims_cached(device):
 
 @pytest.mark.parametrize("kind", ["contig", "paged4"])
 def test_ragged_prompts_right_padded(kind, device):
-    """Rows with different prompt lengths: right-pad, prefill, truncate, decode; each row equals its
-    own unpadded full-sequence forward."""
-    dtype = torch.float32
-    stack = Stack([build("q_lora", dtype, device) for _ in range(2)])
-    E = stack.layers[0].hidden_size
-    lens, P, n_dec = [11, 4, 8], 11, 5
-    B = len(lens)
-    xp = rand_x(B, P, E, dtype, device)
-    xd = rand_x(B, n_dec, E, dtype, device)
-    cache = make_cache(kind, 2, B, P + n_dec, stack.layers[0], dtype, device)
-    with torch.no_grad():
-        pre = cached_step(stack, xp, cache)
-        cache.truncate(lens)
-        assert cache.lengths().tolist() == lens
-        dec = torch.cat([cached_step(stack, xd[:, t:t + 1], cache) for t in range(n_dec)], dim=1)
-        assert cache.lengths().tolist() == [L + n_dec for L in lens]
-        for b, L in enumerate(lens):
-            full = stack(torch.cat([xp[b:b + 1, :L], xd[b:b + 1]], dim=1))
-            torch.testing.assert_close(pre[b:b + 1, :L], full[:, :L], rtol=5e-5, atol=5e-5)
-            torch.testing.assert_close(dec[b:b + 1], full[:, L:], rtol=5e-5, atol=5e-5)
+    stack = stack_of(build, "q_lora", torch.float32, device)
+    check_ragged_prompts_right_padded(stack, cache_factory(make_cache, stack, torch.float32, device, kind), torch.float32,
+                                      device, tol=5e-5)
 
 
 @pytest.mark.parametrize("block_size", [1, 64])
 def test_paged_equals_contiguous(block_size, device):
-    dtype = torch.float32
-    stack = Stack([build("q_lora", dtype, device) for _ in range(2)])
-    E = stack.layers[0].hidden_size
-    B, P, n_dec = 3, 21, 4
-    L = P + n_dec
-    x = rand_x(B, L, E, dtype, device)
-    contig = make_cache("contig", 2, B, L, stack.layers[0], dtype, device)
-    paged = make_cache(f"paged{block_size}", 2, B, L, stack.layers[0], dtype, device)
-    with torch.no_grad():
-        for s, e in [(0, P)] + [(P + t, P + t + 1) for t in range(n_dec)]:
-            oc = cached_step(stack, x[:, s:e], contig)
-            op = cached_step(stack, x[:, s:e], paged)
-            torch.testing.assert_close(op, oc, rtol=1e-6, atol=1e-6)
-    assert paged.lengths().tolist() == contig.lengths().tolist() == [L] * B
-    for layer in range(2):
-        for b in range(B):
-            got = gather_paged(paged.latent[layer], paged.block_table, b, L)
-            if layer == 0:   # same inputs, same ops: the same bits
-                assert torch.equal(got, contig.latent[layer][b, :L])
-            else:
-                torch.testing.assert_close(got, contig.latent[layer][b, :L], rtol=1e-6, atol=1e-6)
+    stack = stack_of(build, "q_lora", torch.float32, device)
+    check_paged_equals_contiguous(stack, cache_factory(make_cache, stack, torch.float32, device), block_size,
+                                  lambda cache, layer: (cache.latent[layer],), device)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -537,7 +459,7 @@ def test_compiled_decode_step(kind, device):
     mla_decode, W_UV, advance) under torch.compile(fullgraph=True): no graph break, eager's results,
     the cache written in place, and the live weights used (no stale absorbed copy in the graph)."""
     dtype = torch.float32
-    stack = Stack([build("q_lora", dtype, device) for _ in range(2)])
+    stack = stack_of(build, "q_lora", dtype, device)
     E = stack.layers[0].hidden_size
     B, P = 2, 9
     ce, cc = (make_cache(kind, 2, B, 16, stack.layers[0], dtype, device) for _ in range(2))

@@ -18,7 +18,9 @@ import attn_ops
 from attn_ops.nn import (GroupedQueryAttention, KVCache, MultiHeadAttention, MultiQueryAttention,
                          OutOfBlocksError, PagedKVCache)
 from reference import assert_close_to_ref
-from model_helpers import Stack, gather_paged
+from model_helpers import (cache_factory, cached_step, check_paged_equals_contiguous,
+                           check_prefill_then_decode, check_ragged_prompts_right_padded, default_positions,
+                           make_cache_of, rand_x, randomize_vectors, rotate_half, stack_of)
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 DT_IDS = ["f32", "f64", "bf16"]
@@ -27,11 +29,6 @@ DT_IDS = ["f32", "f64", "bf16"]
 # --------------------------------------------------------------------------------------------------
 # Plain-PyTorch reference (HF eager attention: rotate_half RoPE, repeat_kv, masked softmax)
 # --------------------------------------------------------------------------------------------------
-def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def rotate_every_two(x):
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
@@ -121,20 +118,7 @@ CONFIGS = {
 def build(name, dtype, device, max_pos=256):
     cfg = dict(CONFIGS[name])
     cls = cfg.pop("cls", GroupedQueryAttention)
-    mod = cls(max_position_embeddings=max_pos, **cfg).to(device=device, dtype=dtype)
-    with torch.no_grad():  # random biases too (nn.Linear's default init is fine for the weights)
-        for p in mod.parameters():
-            if p.dim() == 1:
-                p.copy_(torch.randn_like(p) * 0.5)
-    return mod
-
-
-def rand_x(B, T, E, dtype, device):
-    return (2 * torch.randn(B, T, E, device=device)).to(dtype)
-
-
-def default_positions(B, T, device):
-    return torch.arange(T, device=device).expand(B, T)
+    return randomize_vectors(cls(max_position_embeddings=max_pos, **cfg).to(device=device, dtype=dtype))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -231,23 +215,10 @@ def test_backward_matches_reference(name, dtype, device):
 # Cached inference
 # --------------------------------------------------------------------------------------------------
 def make_cache(kind, num_layers, B, capacity, mod, dtype, device, spare_blocks=3):
-    Hkv, D = mod.num_kv_heads, mod.head_dim
-    if kind == "contig":
-        return KVCache(num_layers, B, capacity, Hkv, D, dtype=dtype, device=device)
-    bs = int(kind.replace("paged", ""))
-    mb = -(-capacity // bs)
-    return PagedKVCache(num_layers, B * mb + spare_blocks, bs, Hkv, D, B, mb, dtype=dtype,
-                        device=device)
-
-
-def cached_step(stack, x, cache):
-    if isinstance(cache, PagedKVCache):
-        cache.reserve(x.shape[1])
-    return stack(x, cache=cache)
-
-
-def make_stack(name, dtype, device, layers=2):
-    return Stack([build(name, dtype, device) for _ in range(layers)])
+    Hkv, D, kw = mod.num_kv_heads, mod.head_dim, dict(dtype=dtype, device=device)
+    return make_cache_of(kind, B, capacity, lambda cap: KVCache(num_layers, B, cap, Hkv, D, **kw),
+                         lambda nb, bs, mb: PagedKVCache(num_layers, nb, bs, Hkv, D, B, mb, **kw),
+                         spare_blocks)
 
 
 CACHE_KINDS = ["contig", "paged1", "paged16"]
@@ -257,86 +228,26 @@ CACHE_KINDS = ["contig", "paged1", "paged16"]
 @pytest.mark.parametrize("name", ["gqa", "window5", "qwen2_bias"])
 @pytest.mark.parametrize("kind", CACHE_KINDS)
 def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
-    """Prefill in two chunks (8 + 5 tokens), then decode 7 tokens one at a time, through a 2-layer
-    stack sharing one cache: every step's output equals the full-sequence forward at its positions."""
-    stack = make_stack(name, dtype, device)
-    E = stack.layers[0].hidden_size
-    B, chunks = 3, [8, 5] + [1] * 7
-    T = sum(chunks)
-    x = rand_x(B, T, E, dtype, device)
-    pos = default_positions(B, T, device)
-    cache = make_cache(kind, 2, B, T + 3, stack.layers[0], dtype, device)
-    outs, s = [], 0
-    with torch.no_grad():
-        full = stack(x)
-        for n in chunks:
-            outs.append(cached_step(stack, x[:, s:s + n], cache))
-            s += n
-            assert cache.lengths().tolist() == [s] * B
-        ref64 = ref_stack_forward(stack, x, pos, torch.float64)
-        same = ref_stack_forward(stack, x, pos, dtype)
-    cached = torch.cat(outs, dim=1)
-    assert_close_to_ref(cached, ref64, same, name="cached")
-    if dtype != torch.bfloat16:
-        tol = 1e-10 if dtype == torch.float64 else 2e-5
-        torch.testing.assert_close(cached, full, rtol=tol, atol=tol)
+    """model_helpers.check_prefill_then_decode through a 2-layer stack sharing one cache (bfloat16:
+    against the reference only)."""
+    stack = stack_of(build, name, dtype, device)
+    full_tol = {torch.float64: 1e-10, torch.float32: 2e-5}.get(dtype)
+    check_prefill_then_decode(stack, cache_factory(make_cache, stack, dtype, device, kind), ref_stack_forward, dtype,
+                              device, full_tol)
 
 
 @pytest.mark.parametrize("kind", ["contig", "paged4", "paged16"])
 def test_ragged_prompts_right_padded(kind, device):
-    """Rows with different prompt lengths in one batch: right-pad, prefill, truncate to the prompt
-    lengths, decode; each row equals its own unpadded full-sequence forward."""
-    dtype = torch.float32
-    stack = make_stack("window5", dtype, device)
-    E = stack.layers[0].hidden_size
-    lens, P, n_dec = [11, 4, 8], 11, 5
-    B = len(lens)
-    xp = rand_x(B, P, E, dtype, device)          # the padding is random too
-    xd = rand_x(B, n_dec, E, dtype, device)
-    cache = make_cache(kind, 2, B, P + n_dec, stack.layers[0], dtype, device)
-    with torch.no_grad():
-        pre = cached_step(stack, xp, cache)
-        cache.truncate(lens)
-        assert cache.lengths().tolist() == lens
-        if isinstance(cache, PagedKVCache):
-            assert [len(cache.row_blocks(b)) for b in range(B)] == [
-                -(-L // cache.block_size) for L in lens]
-        dec = torch.cat([cached_step(stack, xd[:, t:t + 1], cache) for t in range(n_dec)], dim=1)
-        assert cache.lengths().tolist() == [L + n_dec for L in lens]
-        for b, L in enumerate(lens):
-            full = stack(torch.cat([xp[b:b + 1, :L], xd[b:b + 1]], dim=1))
-            torch.testing.assert_close(pre[b:b + 1, :L], full[:, :L], rtol=2e-5, atol=2e-5)
-            torch.testing.assert_close(dec[b:b + 1], full[:, L:], rtol=2e-5, atol=2e-5)
+    stack = stack_of(build, "window5", torch.float32, device)
+    check_ragged_prompts_right_padded(stack, cache_factory(make_cache, stack, torch.float32, device, kind), torch.float32,
+                                      device, tol=2e-5)
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_paged_equals_contiguous(block_size, device):
-    dtype = torch.float32
-    stack = make_stack("gqa", dtype, device)
-    E = stack.layers[0].hidden_size
-    B, P, n_dec = 3, 21, 4
-    x = rand_x(B, P + n_dec, E, dtype, device)
-    contig = make_cache("contig", 2, B, P + n_dec, stack.layers[0], dtype, device)
-    paged = make_cache(f"paged{block_size}", 2, B, P + n_dec, stack.layers[0], dtype, device)
-    with torch.no_grad():
-        for s, e in [(0, P)] + [(P + t, P + t + 1) for t in range(n_dec)]:
-            oc = cached_step(stack, x[:, s:e], contig)
-            op = cached_step(stack, x[:, s:e], paged)
-            torch.testing.assert_close(op, oc, rtol=1e-6, atol=1e-6)
-    L = P + n_dec
-    assert paged.lengths().tolist() == contig.lengths().tolist() == [L] * B
-    # the blocks are interleaved between the rows, not one contiguous run per row
-    rows = [paged.row_blocks(b) for b in range(B)]
-    assert any(r != list(range(r[0], r[0] + len(r))) for r in rows)
-    assert sorted(sum(rows, [])) == sorted(set(sum(rows, [])))
-    for layer in range(2):
-        for b in range(B):
-            for pc, cc in ((paged.k[layer], contig.k[layer]), (paged.v[layer], contig.v[layer])):
-                got = gather_paged(pc, paged.block_table, b, L)
-                if layer == 0:   # same inputs, same ops: the same bits
-                    assert torch.equal(got, cc[b, :L])
-                else:
-                    torch.testing.assert_close(got, cc[b, :L], rtol=1e-6, atol=1e-6)
+    stack = stack_of(build, "gqa", torch.float32, device)
+    check_paged_equals_contiguous(stack, cache_factory(make_cache, stack, torch.float32, device), block_size,
+                                  lambda cache, layer: (cache.k[layer], cache.v[layer]), device)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -354,7 +265,7 @@ def test_compiled_decode_step(kind, device):
     """A decode step (module forward with a cache: rotary in place, append, attend, advance) under
     torch.compile(fullgraph=True): no graph break, eager's results, the caches written in place."""
     dtype = torch.float32
-    stack = make_stack("window5", dtype, device)
+    stack = stack_of(build, "window5", dtype, device)
     E = stack.layers[0].hidden_size
     B, P = 2, 9
     caches = {n: make_cache(kind, 2, B, 16, stack.layers[0], dtype, device)
@@ -427,7 +338,7 @@ def test_kvcache_host_methods(device):
 @pytest.mark.host_value_check
 def test_kvcache_capacity_error_surfaces(device):
     """Appending past the capacity: the op's RuntimeError, nothing written, lengths unchanged."""
-    stack = make_stack("gqa", torch.float32, device)
+    stack = stack_of(build, "gqa", torch.float32, device)
     E = stack.layers[0].hidden_size
     cache = make_cache("contig", 2, 2, 8, stack.layers[0], torch.float32, device)
     with torch.no_grad():
