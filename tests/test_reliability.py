@@ -18,15 +18,15 @@ import attn_ops
 import crash_isolation
 from attn_ops.nn import GroupedQueryAttention, KVCache, PagedKVCache
 from reference import attention_ref
-from test_kvcache_errors import _assert_unchanged, _snapshot, i32
+from error_helpers import assert_unchanged, i32, snapshot
 
 
 def _raises(msg, fn, *snapshot_of):
     """fn() raises RuntimeError/ValueError containing msg and leaves snapshot_of unchanged."""
-    snap = _snapshot(*snapshot_of)
+    snap = snapshot(*snapshot_of)
     with pytest.raises((RuntimeError, ValueError), match=re.escape(msg)):
         fn()
-    _assert_unchanged(snap)
+    assert_unchanged(snap)
 
 
 # ---- 1. mla_decode: head count checked, no crash ---------------------------------------------------
