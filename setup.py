@@ -1,10 +1,12 @@
 """Build attn_ops._C, the operator library, with torch.utils.cpp_extension.
 
 CUDA sources (csrc/**/cuda/*.cu) are compiled when a CUDA toolkit is found, unless ATTN_OPS_CUDA=0; the
-CUDA architectures come from TORCH_CUDA_ARCH_LIST (default 9.0, the H100: a build machine may have no GPU
-to detect). Install with:  pip install --no-build-isolation -e .
+CUDA architectures come from TORCH_CUDA_ARCH_LIST (default: build_config.json, 9.0, the H100: a build
+machine may have no GPU to detect). The C++ standard and the nvcc flags are build_config.json's too (the
+file CMakeLists.txt reads). Install with:  pip install --no-build-isolation -e .
 """
 import glob
+import json
 import os
 import platform
 import shutil
@@ -12,6 +14,9 @@ import shutil
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(ROOT, "build_config.json")) as _f:
+    BUILD_CONFIG = json.load(_f)  # shared with CMakeLists.txt
+STD_FLAG = f"-std=c++{BUILD_CONFIG['cxx_standard']}"
 
 
 def find_cuda_home():
@@ -90,7 +95,7 @@ def make_extension():
     cuda_sources = sources("csrc/**/*.cu")
     # -fopenmp: at::parallel_for is a header template whose `#pragma omp parallel` is compiled here;
     # without it the kernels run on one thread (and MKL then forks a team for every small GEMM).
-    cxx_flags = ["-O3", "-std=c++20", "-fvisibility-inlines-hidden", "-fopenmp"] + cpu_isa_flags()
+    cxx_flags = ["-O3", STD_FLAG, "-fvisibility-inlines-hidden", "-fopenmp"] + cpu_isa_flags()
     common = dict(
         name="attn_ops._C",
         # Headers too: setuptools skips the whole build when no listed file is newer than the library,
@@ -102,14 +107,14 @@ def make_extension():
     )
     if want_cuda() and cuda_sources:
         # No GPU to detect on a build machine: default to the reference target (H100) unless told otherwise.
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", ";".join(BUILD_CONFIG["cuda_architectures"]))
         common["include_dirs"] += cuda_library_includes()
         return CUDAExtension(
             sources=cpp_sources + cuda_sources,
             define_macros=[("ATTN_OPS_WITH_CUDA", "1")],
             extra_compile_args={
                 "cxx": cxx_flags,
-                "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr", "-lineinfo"],
+                "nvcc": [STD_FLAG] + BUILD_CONFIG["nvcc_flags"],
             },
             **common,
         )
