@@ -5,7 +5,7 @@ materializes tanh(W_q q_i + W_k k_j) as a [B, Tq, Tk, A] tensor:
     out = torch.softmax(scores, dim=-1) @ v
 
 Forward (fwd) and forward + backward (fwdbwd, out.backward(grad)), float32, default shape B = 8,
-Tq = Tk = 1024, A = 256, Dv = 256. Time: median of --repeats calls (benchmarks/common.measure). Peak
+Tq = Tk = 1024, A = 256, Dv = 256. Time: median of --repeats calls (benchmarks/timing.measure). Peak
 memory: the resident-set growth at the call's peak, inputs excluded, measured once in a fresh child
 process (benchmarks/peak_rss.py).
 
@@ -25,10 +25,12 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import machine  # noqa: E402
+import reporting  # noqa: E402
+import timing  # noqa: E402
 import peak_rss  # noqa: E402
 
-attn_ops = common.import_attn_ops()
+attn_ops = machine.import_attn_ops()
 
 
 def inputs(B, T, A, Dv, requires_grad, seed=0):
@@ -83,18 +85,18 @@ def main():
     p.add_argument("--json")
     args = p.parse_args()
     B, T, A, Dv = args.batch, args.len, args.hidden, args.value_dim
-    info = common.machine_info("cpu")
+    info = machine.machine_info("cpu")
     start = time.perf_counter()
     rows, payload = [], {"info": info, "cases": []}
     script = os.path.abspath(__file__)
     for mode in ("fwd", "fwdbwd"):
         need = (2 if mode == "fwd" else 3) * T * T * A * 4  # per batch entry, materialized
-        fit = max(1, min(B, int(0.5 * common.available_memory_bytes("cpu") // need)))
+        fit = max(1, min(B, int(0.5 * machine.available_memory_bytes("cpu") // need)))
         fit = 1 << (fit.bit_length() - 1) if fit < B else B  # a power of two below B, or B itself
         batches = {("ours", B)} | {("materialized", fit), ("ours", fit)}
         results = {}
         for impl, b in sorted(batches, key=lambda x: (x[1] != B, x[0])):
-            t = common.measure(make_call(impl, mode, b, T, A, Dv), device="cpu", repeats=args.repeats,
+            t = timing.measure(make_call(impl, mode, b, T, A, Dv), device="cpu", repeats=args.repeats,
                                warmup=1, budget_s=60)
             mem = peak_rss.measure_in_child(script, [impl, mode, str(b), str(T), str(A), str(Dv)])
             results[(impl, b)] = (t["median_s"], mem.get("peak_bytes"), t["n"])
@@ -104,14 +106,14 @@ def main():
         ours_t, ours_m, _ = results[("ours", fit)]
         mat_t, mat_m, _ = results[("materialized", fit)]
         for (impl, b), (sec, mem, n) in sorted(results.items(), key=lambda x: (x[0][1] != B, x[0][0])):
-            rows.append([mode, impl, str(b), common.fmt_time(sec), common.fmt_bytes(mem) if mem else "error", str(n),
+            rows.append([mode, impl, str(b), reporting.fmt_time(sec), reporting.fmt_bytes(mem) if mem else "error", str(n),
                          "" if impl == "ours" else f"{mat_t / ours_t:.1f}x",
                          "" if impl == "ours" else f"{mat_m / max(ours_m, 1):.0f}x"])
         if fit < B:
             scale = B / fit
             big_t, big_m, _ = results[("ours", B)]
-            rows.append([mode, "materialized (extrapolated x%g)" % scale, str(B), common.fmt_time(mat_t * scale),
-                         common.fmt_bytes(mat_m * scale), "-", f"{mat_t * scale / big_t:.1f}x",
+            rows.append([mode, "materialized (extrapolated x%g)" % scale, str(B), reporting.fmt_time(mat_t * scale),
+                         reporting.fmt_bytes(mat_m * scale), "-", f"{mat_t * scale / big_t:.1f}x",
                          f"{mat_m * scale / max(big_m, 1):.0f}x"])
     elapsed = time.perf_counter() - start
     md = ["# Fused additive attention vs the materializing formulation (CPU)", "",
@@ -124,11 +126,11 @@ def main():
           f"- shape: Tq = Tk = {T}, A = {A}, Dv = {Dv}, float32; B as listed",
           "", "time: median of n calls; peak: resident-set growth at the call's peak in a fresh process, "
           "inputs excluded; x ours: materialized / ours at the same B.", "",
-          common.markdown_table(["mode", "impl", "B", "time", "peak memory", "n", "time x ours",
+          reporting.markdown_table(["mode", "impl", "B", "time", "peak memory", "n", "time x ours",
                                  "memory x ours"], rows)]
     text = "\n".join(md)
     print(text)
-    common.write_outputs(args, text, payload)
+    reporting.write_outputs(args, text, payload)
 
 
 if __name__ == "__main__":

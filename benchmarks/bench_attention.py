@@ -15,7 +15,7 @@ Compared on the same inputs (same values), each in its natural contiguous layout
 
 Modes: fwd (forward only, under no_grad) and fwdbwd (forward + out.backward(grad), timed together).
 Timing: warm-up, then the median of --repeats calls. CPU: time.perf_counter around each call. CUDA:
-CUDA events around each call on the current stream (common.measure_cuda; warm-up calls first, so
+CUDA events around each call on the current stream (timing.measure_cuda; warm-up calls first, so
 compilation and autotuning stay out). To keep a sweep affordable, a measurement stops repeating once
 --budget seconds are spent (at least one sample), and on CPU a warm-up call longer than 1 s counts as
 the first sample; the "n" column says how many samples each median has. --time-budget bounds the
@@ -68,8 +68,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from common import DTYPES, eager_attention, is_oom, rel_maxdiff, repeat_kv  # noqa: E402
+import baselines  # noqa: E402
+import cli  # noqa: E402
+import machine  # noqa: E402
+import reporting  # noqa: E402
+import runner  # noqa: E402
+import timing  # noqa: E402
+from baselines import DTYPES, eager_attention, rel_maxdiff, repeat_kv  # noqa: E402
+from runner import is_oom  # noqa: E402
 
 CPU_IMPLS = ["ours", "sdpa", "eager"]
 CUDA_IMPLS = ["ours", "sdpa", "sdpa[flash]", "sdpa[cudnn]", "sdpa[efficient]", "flex", "eager"]
@@ -105,7 +111,7 @@ def make_forward(impl, attn_ops, t, causal, device, gqa="enable_gqa"):
         backend = impl[5:-1]
 
         def fwd(q, k, v):
-            with common.sdpa_backend(backend):
+            with baselines.sdpa_backend(backend):
                 if gqa == "repeat_kv":
                     n_rep = q.shape[1] // k.shape[1]
                     return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
@@ -125,7 +131,7 @@ def make_forward(impl, attn_ops, t, causal, device, gqa="enable_gqa"):
 
             block_mask = create_block_mask(causal_mod, B=None, H=None, Q_LEN=tq, KV_LEN=tk,
                                            device=device)
-        fn = common.flex_compiled()
+        fn = baselines.flex_compiled()
         return (lambda q, k, v: fn(q, k, v, block_mask=block_mask, enable_gqa=True)), "bhsd"
     if impl == "eager":
         mask = causal_additive_mask(tq, tk, t["q_bshd"].dtype, device) if causal else None
@@ -169,7 +175,7 @@ def run_impl(impl, attn_ops, t, mode, causal, device, args):
             call, leaves, layout = make_call(impl, attn_ops, t, mode, causal, device, gqa)
     if impl == "flex":
         call()  # compiles; never let the CPU "long first call counts" rule time compilation
-    m = common.measure(call, device=device, repeats=args.repeats, warmup=args.warmup,
+    m = timing.measure(call, device=device, repeats=args.repeats, warmup=args.warmup,
                        budget_s=args.budget)
     to_bshd = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
     if mode == "fwd":
@@ -226,7 +232,7 @@ def dims_label(dqk, dv):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_common_args(p)
+    cli.add_common_args(p)
     p.add_argument("--dtype", action="append", choices=sorted(DTYPES),
                    help="repeatable; default: CPU float32 and bfloat16, CUDA bfloat16")
     p.add_argument("--mode", default="both", choices=["fwd", "fwdbwd", "both"])
@@ -255,7 +261,7 @@ def parse_args(argv=None):
     p.add_argument("--no-check", action="store_true", help="skip the 'rel. diff vs sdpa' column")
     args = p.parse_args(argv)
 
-    common.finish_common_args(p, args)
+    cli.finish_common_args(p, args)
     quick, cuda = args.quick, args.device == "cuda"
     args.dtype = args.dtype or (["bfloat16"] if cuda else ["float32", "bfloat16"])
     if args.tokens is None and cuda and not args.batch:
@@ -293,7 +299,7 @@ def batches_for(args, t):
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = args.device
-    run = common.Run(args, args.dtype)
+    run = runner.Run(args, args.dtype)
     attn_ops, budget, notes = run.attn_ops, run.budget, run.notes
 
     cases = [(mode, dt, causal, (dqk, dv), b, t, hkv)
@@ -322,14 +328,14 @@ def main(argv=None) -> int:
         for impl in args.impls:
             entry = {}
             predicted = fl / best_rate[(impl, mode, dt)] if (impl, mode, dt) in best_rate else 0.0
-            mem_limit = (args.mem_limit_gb * common.GiB if args.mem_limit_gb is not None
-                         else 0.6 * common.available_memory_bytes(device))
+            mem_limit = (args.mem_limit_gb * reporting.GiB if args.mem_limit_gb is not None
+                         else 0.6 * machine.available_memory_bytes(device))
             est = (b * hq * t * t * BASELINE_MEM_BYTES_PER_SCORE[mode]) if impl == "eager" else 0
             if impl not in ("ours", "sdpa") and budget.expired():
                 entry = {"status": "skipped", "why": f"--time-budget {args.time_budget:g} s spent"}
             elif impl != "ours" and est > mem_limit:
-                entry = {"status": "OOM", "why": f"estimated {common.fmt_bytes(est)} for the "
-                         f"score matrices > limit {common.fmt_bytes(mem_limit)}"}
+                entry = {"status": "OOM", "why": f"estimated {reporting.fmt_bytes(est)} for the "
+                         f"score matrices > limit {reporting.fmt_bytes(mem_limit)}"}
             elif impl not in ("ours", "sdpa") and predicted > args.max_run_seconds:
                 entry = {"status": "slow", "why": f"predicted {predicted:.0f} s per call from its "
                          f"rate on a smaller case > --max-run-seconds {args.max_run_seconds:g}"}
@@ -348,17 +354,17 @@ def main(argv=None) -> int:
                     if impl == "ours" and not is_oom(e) and device != "cuda":
                         raise
                     entry = {"status": "OOM" if is_oom(e) else ("error" if impl == "ours" else "n/a"),
-                             "why": common.first_line(e)}
+                             "why": runner.first_line(e)}
             if entry["status"] != "ok":
                 print(f"  {label}: {impl} -> {entry['status']} ({entry['why']})", flush=True)
                 notes.setdefault((impl, entry["status"], entry["why"]), []).append(label)
             row["impls"][impl] = entry
-            common.free_memory(device)
+            machine.free_memory(device)
         if "ours" in compare and "sdpa" in compare:
             row["maxdiff_vs_sdpa"] = max(rel_maxdiff(a, s)
                                          for a, s in zip(compare["ours"], compare["sdpa"]))
         del inputs, compare
-        common.free_memory(device)
+        machine.free_memory(device)
         results.append(row)
         print(format_row_line(row, args.impls), flush=True)
         report(final=False)
@@ -381,7 +387,7 @@ def cell(entry, device):
         return entry["status"]
     unit, div = rate_unit(device)
     mark = "*" if entry.get("gqa") == "repeat_kv" else ""
-    return f"{entry['median_ms']:.{1 if device == 'cpu' else 3}f} ({common.fmt_num(entry['gflops'] / div)}){mark}"
+    return f"{entry['median_ms']:.{1 if device == 'cpu' else 3}f} ({reporting.fmt_num(entry['gflops'] / div)}){mark}"
 
 
 def ratio(row, impl):
@@ -410,7 +416,7 @@ def render_markdown(info, ceilings, args, results, notes, elapsed):
     device = args.device
     impls = args.impls
     L = ["# attn_ops.attention benchmark", ""]
-    L += common.header_lines(info, ceilings, elapsed, device)
+    L += reporting.header_lines(info, ceilings, elapsed, device)
     L.append("")
     unit, div = rate_unit(device)
     both_masks = len(args.causal_modes) > 1
@@ -442,7 +448,7 @@ def render_markdown(info, ceilings, args, results, notes, elapsed):
         o = r["impls"].get("ours", {})
         pct = []
         if device == "cuda":
-            mm = common.matmul_gflops(ceilings, r["dtype"])
+            mm = machine.matmul_gflops(ceilings, r["dtype"])
             pct = [f"{100 * o['gflops'] / mm:.0f}%" if mm and o.get("status") == "ok" else "-"]
         rows.append([r["mode"], r["dtype"]] + ([str(r["causal"])] if both_masks else []) +
                     [r["B"], r["T"], r["Hq"], r["Hkv"], dims_label(r["D"], r["Dv"])] +
@@ -450,8 +456,8 @@ def render_markdown(info, ceilings, args, results, notes, elapsed):
                     [ratio(r, i) for i in impls if i != "ours"] + pct +
                     [o.get("n", "-"),
                      f"{r['maxdiff_vs_sdpa']:.1e}" if "maxdiff_vs_sdpa" in r else "-"])
-    L.append(common.markdown_table(header, [[str(c) for c in row] for row in rows]))
-    L += common.skipped_lines(notes)
+    L.append(reporting.markdown_table(header, [[str(c) for c in row] for row in rows]))
+    L += reporting.skipped_lines(notes)
     return "\n".join(L)
 
 

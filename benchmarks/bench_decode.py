@@ -59,8 +59,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from common import DTYPES, bw_cell  # noqa: E402
+import baselines  # noqa: E402
+import cli  # noqa: E402
+import machine  # noqa: E402
+import reporting  # noqa: E402
+import runner  # noqa: E402
+import timing  # noqa: E402
+from baselines import DTYPES  # noqa: E402
+from reporting import bw_cell  # noqa: E402
 
 CUDA_IMPLS = ["ours", "ours[graph]", "paged16", "paged1", "sdpa", "flex", "eager"]
 CPU_IMPLS = ["ours", "paged16", "paged1", "sdpa", "eager"]
@@ -69,7 +75,7 @@ CPU_IMPLS = ["ours", "paged16", "paged1", "sdpa", "eager"]
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_common_args(p)
+    cli.add_common_args(p)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--batch", type=int, nargs="+", help="default 1 32 128 (--quick: 32)")
     p.add_argument("--context", type=int, nargs="+",
@@ -88,11 +94,11 @@ def parse_args(argv=None):
                    help="mixed step: cached keys of every row before this step (default 1024)")
     p.add_argument("--mixed-only", action="store_true", help="run only the mixed serving step")
     args = p.parse_args(argv)
-    common.finish_common_args(p, args)
+    cli.finish_common_args(p, args)
     args.batch = args.batch or ([32] if args.quick else [1, 32, 128])
     args.context = args.context or ([8192] if args.quick else [1024, 8192, 32768])
     args.hkv = args.hkv or [8, 1]
-    args.impls = common.select_impls(args, CUDA_IMPLS, CPU_IMPLS, ("ours[graph]", "flex"))
+    args.impls = cli.select_impls(args, CUDA_IMPLS, CPU_IMPLS, ("ours[graph]", "flex"))
     args.append_batch = args.append_batch if args.append_batch is not None else 16
     args.append_tokens = args.append_tokens if args.append_tokens is not None else 1024
     for hkv in args.hkv:
@@ -115,20 +121,20 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
     cache_bytes = 2 * b * ctx * hkv * d * elem
     row = {"B": b, "context": ctx, "Hq": hq, "Hkv": hkv, "D": d, "dtype": args.dtype,
            "cache_bytes": cache_bytes, "impls": {}, "appends": {}}
-    if not common.fits(2 * cache_bytes, device):
-        return common.all_oom(row, args.impls, f"estimated {common.fmt_bytes(2 * cache_bytes)} "
+    if not machine.fits(2 * cache_bytes, device):
+        return runner.all_oom(row, args.impls, f"estimated {reporting.fmt_bytes(2 * cache_bytes)} "
                               "(cache + a copy) > 80% of free memory", notes, label)
-    gen = common.generator(device, seed)
-    k = common.randn((b, ctx, hkv, d), dtype, device, gen)
-    v = common.randn((b, ctx, hkv, d), dtype, device, gen)
-    q = common.randn((b, 1, hq, d), dtype, device, gen)
+    gen = baselines.generator(device, seed)
+    k = baselines.randn((b, ctx, hkv, d), dtype, device, gen)
+    v = baselines.randn((b, ctx, hkv, d), dtype, device, gen)
+    q = baselines.randn((b, 1, hq, d), dtype, device, gen)
     lens = torch.full((b,), ctx, dtype=torch.int32, device=device)
     scale = 1.0 / math.sqrt(d)
     outs = {}
 
     def record(impl, entry, out):
         row["impls"][impl] = entry
-        common.note(notes, impl, entry, label)
+        reporting.note(notes, impl, entry, label)
         if out is not None:
             outs[impl] = out.detach().reshape(b, hq, d).float()
 
@@ -139,25 +145,25 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
                 return lambda: attn_ops.attention_with_kvcache(q, k, v, lens)[0]
         else:
             def make():
-                graph, out = common.cuda_graph(lambda: attn_ops.attention_with_kvcache(q, k, v, lens)[0])
+                graph, out = timing.cuda_graph(lambda: attn_ops.attention_with_kvcache(q, k, v, lens)[0])
                 return lambda: (graph.replay(), out)[1]
-        record(impl, *common.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+        record(impl, *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
     for impl in [i for i in args.impls if i.startswith("paged")]:
         bs = block_size_of(impl)
         try:
-            (kp, vp), bt = common.paged_copies([k, v], bs, gen)
+            (kp, vp), bt = baselines.paged_copies([k, v], bs, gen)
         except Exception as e:  # noqa: BLE001
-            record(impl, {"status": "OOM" if common.is_oom(e) else "n/a", "why": common.first_line(e)},
+            record(impl, {"status": "OOM" if runner.is_oom(e) else "n/a", "why": runner.first_line(e)},
                    None)
             continue
 
         def make(kp=kp, vp=vp, bt=bt):
             return lambda: attn_ops.attention_with_kvcache(q, kp, vp, lens, block_table=bt)[0]
 
-        record(impl, *common.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+        record(impl, *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
         row["appends"].update(append_decode(attn_ops, args, k, v, kp, vp, bt, bs, lens, label, notes))
         del kp, vp, bt
-        common.free_memory(device)
+        machine.free_memory(device)
     row["appends"].update(append_decode(attn_ops, args, k, v, None, None, None, None, lens, label,
                                         notes))
 
@@ -165,7 +171,7 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
     if any(i in args.impls for i in ("sdpa", "flex", "eager")):
         kb, vb = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
         del k, v
-        common.free_memory(device)
+        machine.free_memory(device)
         qb = q.transpose(1, 2).contiguous()  # [B, Hq, 1, D]
         for impl in [i for i in args.impls if i in ("sdpa", "flex", "eager")]:
             if impl != "sdpa" and budget.expired():
@@ -175,34 +181,34 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
             if impl == "eager":
                 n_rep = hq // hkv
                 est = cache_bytes * n_rep + b * hq * ctx * (4 + 4 + elem)
-                if not common.fits(est, device):
-                    record(impl, {"status": "OOM", "why": f"estimated {common.fmt_bytes(est)} for the "
+                if not machine.fits(est, device):
+                    record(impl, {"status": "OOM", "why": f"estimated {reporting.fmt_bytes(est)} for the "
                                   "repeated K/V and scores > 80% of free memory"}, None)
                     continue
 
                 def make():
-                    return lambda: common.eager_attention(qb, kb, vb, None, scale)
+                    return lambda: baselines.eager_attention(qb, kb, vb, None, scale)
             elif impl == "sdpa":
                 def make():
                     return lambda: F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)
             else:
                 def make():
-                    fn = common.flex_compiled()
+                    fn = baselines.flex_compiled()
                     call = lambda: fn(qb, kb, vb, enable_gqa=True)  # noqa: E731
                     call()  # compile outside the timing
                     return call
 
             def run(make=make):
                 with torch.no_grad():
-                    return common.timed_entry(make, device=device, args=args, nbytes=cache_bytes)
+                    return runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes)
 
             entry, out = run()
             record(impl, entry, out.transpose(1, 2) if out is not None else None)
         del kb, vb
-    common.free_memory(device)
+    machine.free_memory(device)
     if "ours" in outs and "sdpa" in outs:
-        row["rel_diff_vs_sdpa"] = common.rel_maxdiff(outs["ours"], outs["sdpa"])
-    paged_diffs = [common.rel_maxdiff(outs[i], outs["ours"]) for i in outs if i.startswith("paged")
+        row["rel_diff_vs_sdpa"] = baselines.rel_maxdiff(outs["ours"], outs["sdpa"])
+    paged_diffs = [baselines.rel_maxdiff(outs[i], outs["ours"]) for i in outs if i.startswith("paged")
                    and "ours" in outs]
     if paged_diffs:
         row["rel_diff_paged_vs_contiguous"] = max(paged_diffs)
@@ -231,8 +237,8 @@ def append_decode(attn_ops, args, k, v, kp, vp, bt, bs, lens, label, notes):
         def make():
             kt, vt = k_new.reshape(b, hkv, d), v_new.reshape(b, hkv, d)
             return lambda: attn_ops.paged_kv_cache_append(kp, vp, kt, vt, slots)
-    entry, _ = common.timed_entry(make, device=device, args=args, nbytes=nbytes)
-    common.note(notes, name, entry, label)
+    entry, _ = runner.timed_entry(make, device=device, args=args, nbytes=nbytes)
+    reporting.note(notes, name, entry, label)
     return {name: entry}
 
 
@@ -243,9 +249,9 @@ def bulk_appends(attn_ops, args, notes):
     rows = []
     for hkv in args.hkv:
         label = f"bulk append B={b} Tnew={t} Hkv={hkv}"
-        gen = common.generator(device, 2)
-        k_new = common.randn((b, t, hkv, d), dtype, device, gen)
-        v_new = common.randn((b, t, hkv, d), dtype, device, gen)
+        gen = baselines.generator(device, 2)
+        k_new = baselines.randn((b, t, hkv, d), dtype, device, gen)
+        v_new = baselines.randn((b, t, hkv, d), dtype, device, gen)
         nbytes = 2 * 2 * k_new.numel() * k_new.element_size()
         cap = t + 16
         row = {"B": b, "Tnew": t, "Hkv": hkv, "D": d, "bytes": nbytes, "impls": {}}
@@ -256,7 +262,7 @@ def bulk_appends(attn_ops, args, notes):
         def make(kc=kc, vc=vc, k_new=k_new, v_new=v_new, lens=lens):
             return lambda: attn_ops.kv_cache_append(kc, vc, k_new, v_new, lens)
 
-        row["impls"]["contiguous"], _ = common.timed_entry(make, device=device, args=args,
+        row["impls"]["contiguous"], _ = runner.timed_entry(make, device=device, args=args,
                                                            nbytes=nbytes)
         for bs in (16, 1):
             nblk = b * (-(-t // bs)) + 2
@@ -268,15 +274,15 @@ def bulk_appends(attn_ops, args, notes):
             def make(kp=kp, vp=vp, slots=slots, kt=kt, vt=vt):
                 return lambda: attn_ops.paged_kv_cache_append(kp, vp, kt, vt, slots)
 
-            row["impls"][f"paged{bs}"], _ = common.timed_entry(make, device=device, args=args,
+            row["impls"][f"paged{bs}"], _ = runner.timed_entry(make, device=device, args=args,
                                                                nbytes=nbytes)
         for name, e in row["impls"].items():
-            common.note(notes, name, e, label)
+            reporting.note(notes, name, e, label)
         print(f"  {label}: " + ", ".join(f"{n} {bw_cell(e)}" for n, e in row["impls"].items()),
               flush=True)
         rows.append(row)
         del kc, vc, k_new, v_new
-        common.free_memory(device)
+        machine.free_memory(device)
     return rows
 
 
@@ -288,16 +294,16 @@ def mixed_step(attn_ops, args, notes):
     label = f"mixed step {rows} x 1 + 1 x {chunk} over {ctx} cached"
     results = []
     for hkv in args.hkv:
-        gen = common.generator(device, 3)
+        gen = baselines.generator(device, 3)
         batch = rows + 1
         lens = torch.tensor([ctx + 1] * rows + [ctx + chunk], dtype=torch.int32, device=device)
         max_blocks = -(-(ctx + chunk) // bs)
         table = torch.randperm(batch * max_blocks, generator=gen, device=device).to(torch.int32)
         table = table.reshape(batch, max_blocks)
-        kc = common.randn((batch * max_blocks, bs, hkv, d), dtype, device, gen)
-        vc = common.randn((batch * max_blocks, bs, hkv, d), dtype, device, gen)
-        q_decode = common.randn((rows, 1, hq, d), dtype, device, gen)
-        q_prefill = common.randn((1, chunk, hq, d), dtype, device, gen)
+        kc = baselines.randn((batch * max_blocks, bs, hkv, d), dtype, device, gen)
+        vc = baselines.randn((batch * max_blocks, bs, hkv, d), dtype, device, gen)
+        q_decode = baselines.randn((rows, 1, hq, d), dtype, device, gen)
+        q_prefill = baselines.randn((1, chunk, hq, d), dtype, device, gen)
         q_packed = torch.cat([q_decode.flatten(0, 1), q_prefill.flatten(0, 1)])
         cu = torch.tensor([0] + list(range(1, rows + 1)) + [rows + chunk], dtype=torch.int32, device=device)
         q_padded = torch.zeros(batch, chunk, hq, d, dtype=dtype, device=device)
@@ -316,9 +322,9 @@ def mixed_step(attn_ops, args, notes):
         row = {"Hkv": hkv, "decode_rows": rows, "chunk": chunk, "context": ctx, "impls": {}, "rel_diff": {}}
         outs = {}
         for name, call in calls.items():
-            row["impls"][name], outs[name] = common.timed_entry(lambda call=call: call, device=device, args=args,
+            row["impls"][name], outs[name] = runner.timed_entry(lambda call=call: call, device=device, args=args,
                                                                 nbytes=cache_bytes)
-            common.note(notes, name, row["impls"][name], label)
+            reporting.note(notes, name, row["impls"][name], label)
         real = {  # [rows + chunk, Hq, D]: the outputs of the real queries, in packed order
             "ragged": outs["ragged"],
             "padded": None if outs["padded"] is None else torch.cat([outs["padded"][:rows, -1],
@@ -328,12 +334,12 @@ def mixed_step(attn_ops, args, notes):
         }
         for name in ("padded", "split"):
             if real[name] is not None and real["ragged"] is not None:
-                row["rel_diff"][name] = common.rel_maxdiff(real[name], real["ragged"])
+                row["rel_diff"][name] = baselines.rel_maxdiff(real[name], real["ragged"])
         print(f"  {label} Hkv={hkv}: " + ", ".join(f"{n} {bw_cell(e)}" for n, e in row["impls"].items()) +
-              ", " + ", ".join(f"{n}/ragged {common.time_ratio(row['impls'], n, 'ragged')}"
+              ", " + ", ".join(f"{n}/ragged {reporting.time_ratio(row['impls'], n, 'ragged')}"
                                for n in ("padded", "split")), flush=True)
         results.append(row)
-        common.free_memory(device)
+        machine.free_memory(device)
     return results
 
 
@@ -346,9 +352,9 @@ def mixed_markdown(args, mixed):
          f"(GB/s of K/V read); X/ragged = X time / ragged time (> 1: ragged is faster). rel. diff: max abs "
          f"difference of the real queries' outputs against ragged / max abs(ragged).", ""]
     rows = [[str(r["Hkv"])] + [bw_cell(r["impls"].get(n)) for n in ("ragged", "padded", "split")] +
-            [common.time_ratio(r["impls"], n, "ragged") for n in ("padded", "split")] +
+            [reporting.time_ratio(r["impls"], n, "ragged") for n in ("padded", "split")] +
             [", ".join(f"{n} {v:.1e}" for n, v in r["rel_diff"].items())] for r in mixed]
-    L.append(common.markdown_table(["Hkv", "ragged", "padded", "split", "padded/ragged", "split/ragged",
+    L.append(reporting.markdown_table(["Hkv", "ragged", "padded", "split", "padded/ragged", "split/ragged",
                                     "rel. diff"], rows))
     return L
 
@@ -356,7 +362,7 @@ def mixed_markdown(args, mixed):
 def render_markdown(run, results, bulk, mixed=()):
     args, cp = run.args, run.ceilings["copy"]["gbps"]
     L = ["# attn_ops decode benchmark (attention_with_kvcache, KV-cache appends)", ""]
-    L += common.header_lines(run.info, run.ceilings, run.elapsed(), args.device)
+    L += reporting.header_lines(run.info, run.ceilings, run.elapsed(), args.device)
     L.append("")
     if results:
         L.append(f"Decode: one query token per row, Hq = {args.hq}, D = {args.head_dim}, {args.dtype}, "
@@ -371,8 +377,8 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"the script's docstring).")
         L.append("")
         keys = [("B", lambda r: r["B"]), ("context", lambda r: r["context"]), ("Hkv", lambda r: r["Hkv"]),
-                ("cache", lambda r: common.fmt_bytes(r["cache_bytes"]))]
-        L += common.bandwidth_tables(
+                ("cache", lambda r: reporting.fmt_bytes(r["cache_bytes"]))]
+        L += reporting.bandwidth_tables(
             results, keys, args.impls, cp,
             [("rel. diff", "rel_diff_vs_sdpa"), ("paged diff", "rel_diff_paged_vs_contiguous")],
             "Decode appends (one new token per row, K and V): median time (GB/s, bytes read + "
@@ -383,19 +389,19 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"bandwidth {cp:.0f} GB/s). paged: slots in random order over the pool.")
         L.append("")
         names = list(bulk[0]["impls"])
-        rows = [[r["B"], r["Tnew"], r["Hkv"], common.fmt_bytes(r["bytes"] / 2)] +
+        rows = [[r["B"], r["Tnew"], r["Hkv"], reporting.fmt_bytes(r["bytes"] / 2)] +
                 [bw_cell(r["impls"].get(n)) for n in names] for r in bulk]
-        L.append(common.markdown_table(["B", "Tnew", "Hkv", "new K+V"] + names,
+        L.append(reporting.markdown_table(["B", "Tnew", "Hkv", "new K+V"] + names,
                                        [[str(c) for c in x] for x in rows]))
     if mixed:
         L += mixed_markdown(args, mixed)
-    L += common.skipped_lines(run.notes)
+    L += reporting.skipped_lines(run.notes)
     return "\n".join(L)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    run = common.Run(args, [args.dtype])
+    run = runner.Run(args, [args.dtype])
     results, bulk, mixed = [], [], []
 
     def report(final):
@@ -414,7 +420,7 @@ def main(argv=None) -> int:
         row = decode_case(run.attn_ops, args, b, ctx, hkv, args.seed + ci, label, run.notes,
                           run.budget)
         results.append(row)
-        print(common.bw_line(label, row, args.impls, "rel_diff_vs_sdpa", "rel.diff"), flush=True)
+        print(reporting.bw_line(label, row, args.impls, "rel_diff_vs_sdpa", "rel.diff"), flush=True)
         report(final=False)
     if args.append_tokens > 0 and not run.over_budget("bulk appends", "bulk appends"):
         bulk += bulk_appends(run.attn_ops, args, run.notes)

@@ -32,9 +32,13 @@ import time
 
 import torch
 
-import common
+import baselines
+import cli
+import machine
+import reporting
+import timing
 
-attn_ops = common.import_attn_ops()
+attn_ops = machine.import_attn_ops()
 from attn_ops.integrations import transformers as hf  # noqa: E402
 from attn_ops.integrations.minimax import swap_minimax_attention  # noqa: E402
 from attn_ops.nn.lightning import LightningAttention, LinearAttentionState, minimax_slope_rate  # noqa: E402
@@ -94,14 +98,14 @@ class Run:
     def __init__(self, args):
         self.args = args
         self.t0 = time.perf_counter()
-        self.info = common.machine_info("cpu")
+        self.info = machine.machine_info("cpu")
         self.info["attn_ops"] = attn_ops.__version__
-        self.ceilings = common.measure_ceilings("cpu", ["float32"])
+        self.ceilings = machine.measure_ceilings("cpu", ["float32"])
         self.sections = []
         self.payload = {"info": self.info, "ceilings": self.ceilings, "sections": {}}
 
     def time(self, fn, repeats=None):
-        m = common.measure(fn, device="cpu", repeats=repeats or self.args.repeats, warmup=self.args.warmup,
+        m = timing.measure(fn, device="cpu", repeats=repeats or self.args.repeats, warmup=self.args.warmup,
                            budget_s=self.args.budget)
         return m["median_s"]
 
@@ -118,7 +122,7 @@ class Run:
         return [sorted(x)[len(x) // 2] for x in samples]
 
     def add(self, title, text, rows):
-        self.sections.append(f"## {title}\n\n{text}\n\n" + common.markdown_table(rows[0], rows[1:]))
+        self.sections.append(f"## {title}\n\n{text}\n\n" + reporting.markdown_table(rows[0], rows[1:]))
         self.payload["sections"][title] = rows
         print(self.sections[-1], flush=True)
 
@@ -151,7 +155,7 @@ def prefill(run, H, D, slope):
             t = run.time(lambda: fn(qh, kh, vh))
             best = min(best or (t, block), (t, block))
         out = attn_ops.lightning_attention(q, k, v, slope)[0].transpose(1, 2)
-        diff = common.rel_maxdiff(out, hf_block_loop(qh, kh, vh, slope)[0])
+        diff = baselines.rel_maxdiff(out, hf_block_loop(qh, kh, vh, slope)[0])
         rows.append([T, ms(ours), ms(loop), f"{ms(best[0])} ({best[1]})", f"{loop / ours:.2f}x",
                      f"{best[0] / ours:.2f}x", f"{diff:.1e}"])
     run.add("Prefill forward (B 1, float32)", "Ratios are baseline time / ours (> 1: ours faster).", rows)
@@ -293,7 +297,7 @@ def generate(run):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_common_args(p)
+    cli.add_common_args(p)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--prefill-lens", type=int, nargs="+", default=[1024, 4096])
@@ -303,7 +307,7 @@ def main():
     p.add_argument("--sections", nargs="+", default=["prefill", "train", "decode", "crossover", "generate"])
     p.add_argument("--plot", help="write the crossover PNG here")
     args = p.parse_args()
-    common.finish_common_args(p, args)
+    cli.finish_common_args(p, args)
     torch.manual_seed(args.seed)
     run = Run(args)
     H, D = args.heads, args.head_dim
@@ -319,10 +323,10 @@ def main():
 
 def report(run, final):
     lines = ["# Lightning attention on CPU", ""]
-    lines += common.header_lines(run.info, run.ceilings, run.elapsed(), "cpu")
+    lines += reporting.header_lines(run.info, run.ceilings, run.elapsed(), "cpu")
     lines += ["- The machine is shared with other engineers while this runs: absolute times are noisy; compare the "
               "ratios within one table (each row's implementations ran back to back).", ""]
-    common.write_outputs(run.args, "\n".join(lines) + "\n" + "\n\n".join(run.sections), run.payload, final=final)
+    reporting.write_outputs(run.args, "\n".join(lines) + "\n" + "\n\n".join(run.sections), run.payload, final=final)
 
 
 if __name__ == "__main__":

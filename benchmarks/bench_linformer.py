@@ -25,10 +25,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import machine  # noqa: E402
+import reporting  # noqa: E402
 import peak_rss  # noqa: E402
 
-attn_ops = common.import_attn_ops()
+attn_ops = machine.import_attn_ops()
 H, D = 4, 64
 
 
@@ -85,7 +86,7 @@ def main():
     p.add_argument("--plot")
     args = p.parse_args()
     P = args.proj_len
-    info = common.machine_info("cpu")
+    info = machine.machine_info("cpu")
     start = time.perf_counter()
     script = os.path.abspath(__file__)
     results, table = [], []
@@ -108,9 +109,9 @@ def main():
         full, lin = row["full"], row["linformer"]
         predicted = T / (P * 2)  # Hkv = H
         measured = statistics.median(f / l for f, l in zip(full["samples"], lin["samples"]))
-        table.append([str(T), common.fmt_time(full["min_s"]), common.fmt_time(lin["min_s"]),
+        table.append([str(T), reporting.fmt_time(full["min_s"]), reporting.fmt_time(lin["min_s"]),
                       f"{measured:.1f}x", f"{predicted:.1f}x", f"{measured / predicted:.2f}",
-                      common.fmt_bytes(full["peak_bytes"]), common.fmt_bytes(lin["peak_bytes"])])
+                      reporting.fmt_bytes(full["peak_bytes"]), reporting.fmt_bytes(lin["peak_bytes"])])
     elapsed = time.perf_counter() - start
     md = [f"# Linformer (proj_len {P}) vs full attention (CPU)", "",
           f"- machine: {info['cpu']}, {info['usable_cores']} usable cores, torch.get_num_threads() = "
@@ -129,14 +130,14 @@ def main():
           "the call's peak in a fresh process, inputs excluded (attn_ops.attention streams keys, so full "
           "attention's memory is linear in T here too; a materializing implementation would need "
           "4·H·T² bytes for the scores).", "",
-          common.markdown_table(["T", "full", "linformer", "speed-up", "predicted", "measured / predicted",
+          reporting.markdown_table(["T", "full", "linformer", "speed-up", "predicted", "measured / predicted",
                                  "full peak", "linformer peak"], table)]
     if args.plot:
         plot(results, P, args.plot)
         md += ["", f"![time and memory]({os.path.basename(args.plot)})"]
     text = "\n".join(md)
     print(text)
-    common.write_outputs(args, text, {"info": info, "cases": results})
+    reporting.write_outputs(args, text, {"info": info, "cases": results})
 
 
 if __name__ == "__main__":

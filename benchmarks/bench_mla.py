@@ -44,8 +44,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from common import DTYPES  # noqa: E402
+import baselines  # noqa: E402
+import cli  # noqa: E402
+import machine  # noqa: E402
+import reporting  # noqa: E402
+import runner  # noqa: E402
+import timing  # noqa: E402
+from baselines import DTYPES  # noqa: E402
 
 CUDA_IMPLS = ["ours", "ours[graph]", "paged64", "torch", "sdpa"]
 CPU_IMPLS = ["ours", "paged64", "torch", "sdpa"]
@@ -55,7 +60,7 @@ QK_NOPE_HEAD_DIM = 128
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_common_args(p)
+    cli.add_common_args(p)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--batch", type=int, nargs="+", help="default 1 64 128 (--quick: 64)")
     p.add_argument("--context", type=int, nargs="+",
@@ -67,12 +72,12 @@ def parse_args(argv=None):
     p.add_argument("--impls", nargs="+", help=f"subset; default cuda {CUDA_IMPLS}, cpu {CPU_IMPLS}")
     p.add_argument("--quick", action="store_true", help="B 64, context 4096, 10 repeats")
     args = p.parse_args(argv)
-    common.finish_common_args(p, args)
+    cli.finish_common_args(p, args)
     args.batch = args.batch or ([64] if args.quick else [1, 64, 128])
     args.context = args.context or ([4096] if args.quick else [1024, 4096, 16384])
     args.heads = args.heads or [16, 128]
     args.impls = [f"paged{args.block_size}" if i.startswith("paged") else i
-                  for i in common.select_impls(args, CUDA_IMPLS, CPU_IMPLS, ("ours[graph]",))]
+                  for i in cli.select_impls(args, CUDA_IMPLS, CPU_IMPLS, ("ours[graph]",))]
     for ctx in args.context:
         if ctx % args.block_size:
             p.error(f"--context must be a multiple of --block-size {args.block_size}, got {ctx}")
@@ -94,20 +99,20 @@ def mla_case(attn_ops, args, b, ctx, h, seed, label, notes):
     cache_bytes = b * ctx * (d_c + d_r) * elem
     row = {"B": b, "context": ctx, "H": h, "kv_lora_rank": d_c, "rope_dim": d_r,
            "dtype": args.dtype, "cache_bytes": cache_bytes, "impls": {}, "appends": {}}
-    if not common.fits(2 * cache_bytes + 3 * b * h * ctx * 4, device):
-        return common.all_oom(row, args.impls, "estimated cache + a copy + scores > 80% of free "
+    if not machine.fits(2 * cache_bytes + 3 * b * h * ctx * 4, device):
+        return runner.all_oom(row, args.impls, "estimated cache + a copy + scores > 80% of free "
                               "memory", notes, label)
-    gen = common.generator(device, seed)
-    cache = common.randn((b, ctx, d_c + d_r), dtype, device, gen)
-    q_latent = common.randn((b, 1, h, d_c), dtype, device, gen)
-    q_rope = common.randn((b, 1, h, d_r), dtype, device, gen)
+    gen = baselines.generator(device, seed)
+    cache = baselines.randn((b, ctx, d_c + d_r), dtype, device, gen)
+    q_latent = baselines.randn((b, 1, h, d_c), dtype, device, gen)
+    q_rope = baselines.randn((b, 1, h, d_r), dtype, device, gen)
     lens = torch.full((b,), ctx, dtype=torch.int32, device=device)
     scale = 1.0 / math.sqrt(QK_NOPE_HEAD_DIM + d_r)
     outs = {}
 
     def record(impl, entry, out):
         row["impls"][impl] = entry
-        common.note(notes, impl, entry, label)
+        reporting.note(notes, impl, entry, label)
         if out is not None:
             outs[impl] = out.detach().reshape(b, h, d_c).float()
 
@@ -122,31 +127,31 @@ def mla_case(attn_ops, args, b, ctx, h, seed, label, notes):
                 return ours_call(contiguous)
         elif impl == "ours[graph]":
             def make():
-                graph, out = common.cuda_graph(ours_call(contiguous))
+                graph, out = timing.cuda_graph(ours_call(contiguous))
                 return lambda: (graph.replay(), out)[1]
         else:
             continue
-        record(impl, *common.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+        record(impl, *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
     row["appends"].update(append_decode(attn_ops, args, cache, None, None, label, notes))
 
     for impl in [i for i in args.impls if i.startswith("paged")]:
         bs = args.block_size
         try:
-            (pool,), bt = common.paged_copies([cache], bs, gen)
+            (pool,), bt = baselines.paged_copies([cache], bs, gen)
         except Exception as e:  # noqa: BLE001
-            record(impl, {"status": "OOM" if common.is_oom(e) else "n/a",
-                          "why": common.first_line(e)}, None)
+            record(impl, {"status": "OOM" if runner.is_oom(e) else "n/a",
+                          "why": runner.first_line(e)}, None)
             continue
-        record(impl, *common.timed_entry(lambda pool=pool, bt=bt: ours_call(pool, block_table=bt),
+        record(impl, *runner.timed_entry(lambda pool=pool, bt=bt: ours_call(pool, block_table=bt),
                                          device=device, args=args, nbytes=cache_bytes))
         row["appends"].update(append_decode(attn_ops, args, cache, pool, bt, label, notes))
         del pool, bt
-        common.free_memory(device)
+        machine.free_memory(device)
 
     with torch.no_grad():
         if "torch" in args.impls:
             kv_cache, pe_cache = cache[..., :d_c].contiguous(), cache[..., d_c:].contiguous()
-            record("torch", *common.timed_entry(
+            record("torch", *runner.timed_entry(
                 lambda: (lambda: absorbed_torch(q_latent, q_rope, kv_cache, pe_cache, scale)),
                 device=device, args=args, nbytes=cache_bytes))
             del kv_cache, pe_cache
@@ -159,12 +164,12 @@ def mla_case(attn_ops, args, b, ctx, h, seed, label, notes):
                 return lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale,
                                                               enable_gqa=True).transpose(1, 2)
 
-            record("sdpa", *common.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+            record("sdpa", *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
     del cache
-    common.free_memory(device)
+    machine.free_memory(device)
     if "ours" in outs and "torch" in outs:
-        row["rel_diff_vs_torch"] = common.rel_maxdiff(outs["ours"], outs["torch"])
-    paged = [common.rel_maxdiff(outs[i], outs["ours"]) for i in outs if i.startswith("paged")
+        row["rel_diff_vs_torch"] = baselines.rel_maxdiff(outs["ours"], outs["torch"])
+    paged = [baselines.rel_maxdiff(outs[i], outs["ours"]) for i in outs if i.startswith("paged")
              and "ours" in outs]
     if paged:
         row["rel_diff_paged_vs_contiguous"] = max(paged)
@@ -192,15 +197,15 @@ def append_decode(attn_ops, args, cache, pool, bt, label, notes):
 
         def make():
             return lambda: attn_ops.mla_cache_append(pool, ct, kt, slot_mapping=slots)
-    entry, _ = common.timed_entry(make, device=args.device, args=args, nbytes=nbytes)
-    common.note(notes, name, entry, label)
+    entry, _ = runner.timed_entry(make, device=args.device, args=args, nbytes=nbytes)
+    reporting.note(notes, name, entry, label)
     return {name: entry}
 
 
 def render_markdown(run, results):
     args, cp = run.args, run.ceilings["copy"]["gbps"]
     L = ["# attn_ops MLA decode benchmark (mla_decode, mla_cache_append)", ""]
-    L += common.header_lines(run.info, run.ceilings, run.elapsed(), args.device)
+    L += reporting.header_lines(run.info, run.ceilings, run.elapsed(), args.device)
     L.append("")
     L.append(f"Absorbed MLA decode: one query token per row, kv_lora_rank {args.kv_lora_rank}, "
              f"rope_dim {args.rope_dim}, {args.dtype}, every row attends to the whole context. "
@@ -214,14 +219,14 @@ def render_markdown(run, results):
              f"abs(torch); paged diff: the same for paged against contiguous.")
     L.append("")
     keys = [("B", lambda r: r["B"]), ("context", lambda r: r["context"]), ("H", lambda r: r["H"]),
-            ("cache", lambda r: common.fmt_bytes(r["cache_bytes"]))]
-    L += common.bandwidth_tables(
+            ("cache", lambda r: reporting.fmt_bytes(r["cache_bytes"]))]
+    L += reporting.bandwidth_tables(
         results, keys, args.impls, cp,
         [("rel. diff", "rel_diff_vs_torch"), ("paged diff", "rel_diff_paged_vs_contiguous")],
         "Latent-cache appends (one row per batch row): median time (GB/s, bytes read + written); "
         "latency-bound at these sizes.")
     L += compute_lines(run, results)
-    L += common.skipped_lines(run.notes)
+    L += reporting.skipped_lines(run.notes)
     return "\n".join(L)
 
 
@@ -234,7 +239,7 @@ def mla_flops(r):
 def compute_lines(run, results):
     """MLA decode is compute-bound at H >= 16 (16+ flops per float32 byte): GFLOP/s of every
     implementation next to the float32 matmul rate measured in this run."""
-    mm = common.matmul_gflops(run.ceilings, "float32")
+    mm = machine.matmul_gflops(run.ceilings, "float32")
     impls = [i for i in run.args.impls if i != "ours[graph]"]
     rows = []
     for r in results:
@@ -249,13 +254,13 @@ def compute_lines(run, results):
         rows.append([str(r["B"]), str(r["context"]), str(r["H"])] + cells + [share])
     return ["", f"Compute: GFLOP/s (2 x B x H x context x (2 kv_lora_rank + rope_dim) / median time) next "
             f"to the float32 matmul rate measured above ({mm:.1f} GFLOP/s).", "",
-            common.markdown_table(["B", "context", "H"] + [f"{i} GFLOP/s" for i in impls] + ["ours % fp32 matmul"],
+            reporting.markdown_table(["B", "context", "H"] + [f"{i} GFLOP/s" for i in impls] + ["ours % fp32 matmul"],
                                   rows)]
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    run = common.Run(args, [args.dtype])
+    run = runner.Run(args, [args.dtype])
     results = []
 
     def report(final):
@@ -265,7 +270,7 @@ def main(argv=None) -> int:
              for b in sorted(args.batch)]
     for ci, (b, ctx, h), label in run.each(cases, "mla B={} context={} H={}".format):
         results.append(mla_case(run.attn_ops, args, b, ctx, h, args.seed + ci, label, run.notes))
-        print(common.bw_line(label, results[-1], args.impls, "rel_diff_vs_torch", "rel.diff"),
+        print(reporting.bw_line(label, results[-1], args.impls, "rel_diff_vs_torch", "rel.diff"),
               flush=True)
         report(final=False)
     report(final=True)

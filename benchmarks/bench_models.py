@@ -39,7 +39,7 @@ implementation, the order rotated every round, starting no new round once --budg
 spent on the case (at least one round); prefill and decode are the medians over an implementation's
 runs. Times are wall-clock (time.perf_counter, torch.cuda.synchronize before each read on CUDA):
 what a user of generate() waits, host overhead included. Interleaving (rather than
-common.measure per implementation, as bench_attention.py does for single ops) puts every
+timing.measure per implementation, as bench_attention.py does for single ops) puts every
 implementation under the same background load on a shared machine, where the load drifts over the
 seconds one implementation's runs take.
 
@@ -53,7 +53,7 @@ Ratios are baseline time / attn_ops time (> 1: attn_ops is faster), the same for
 
 Defaults: all four models, B in {1, 4}, P 512, N 32, 3 rounds (30 s budget per case); CPU float32
 (a few minutes on a quiet 2-core CPU), CUDA bfloat16. The weights are built in float32 on the CPU
-with the seed, then moved and cast. As every benchmark here (common.Run): the machine, the exact
+with the seed, then moved and cast. As every benchmark here (runner.Run): the machine, the exact
 command and the measured matmul / copy ceilings head the report, which is rewritten after every
 case; --time-budget skips the cases that would start after it.
 
@@ -77,8 +77,13 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from common import DTYPES  # noqa: E402
+import baselines  # noqa: E402
+import cli  # noqa: E402
+import machine  # noqa: E402
+import reporting  # noqa: E402
+import runner  # noqa: E402
+import timing  # noqa: E402
+from baselines import DTYPES  # noqa: E402
 
 IMPLS = ["attn_ops", "sdpa", "eager"]
 
@@ -159,12 +164,12 @@ def generate_once(model, input_ids, new_tokens: int, device: str) -> dict:
     """One greedy generation run (see the module docstring): prefill and decode times, the tokens
     [B, N], each step's top-2 logits [B, N, 2] and the prefill's last-position logits [B, vocab]."""
     mask = torch.ones_like(input_ids)
-    common.sync(device)
+    timing.sync(device)
     t0 = time.perf_counter()
     out = model(input_ids=input_ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1]
     token = logits.argmax(-1, keepdim=True)
-    common.sync(device)
+    timing.sync(device)
     t1 = time.perf_counter()
     prefill_logits, cache = logits, out.past_key_values
     tokens, top2 = [token], [logits.topk(2, dim=-1).values]
@@ -176,7 +181,7 @@ def generate_once(model, input_ids, new_tokens: int, device: str) -> dict:
         token = logits.argmax(-1, keepdim=True)
         tokens.append(token)
         top2.append(logits.topk(2, dim=-1).values)
-    common.sync(device)
+    timing.sync(device)
     t2 = time.perf_counter()
     return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "tokens": torch.cat(tokens, dim=1).cpu(),
             "top2": torch.stack(top2, dim=1).float().cpu(), "prefill_logits": prefill_logits.float().cpu()}
@@ -206,12 +211,12 @@ def run_case(models: ModelSet, input_ids, args) -> tuple[dict, dict]:
         try:
             return generate_once(models.get(impl), input_ids, args.new_tokens, args.device)
         except Exception as e:  # noqa: BLE001  (reported under the tables)
-            entries[impl] = {"status": "OOM" if common.is_oom(e) else "error",
-                             "why": f"{type(e).__name__}: {common.first_line(e, 300)}"}
+            entries[impl] = {"status": "OOM" if runner.is_oom(e) else "error",
+                             "why": f"{type(e).__name__}: {runner.first_line(e, 300)}"}
             runs.pop(impl)
             return None
         finally:
-            common.free_memory(args.device)
+            machine.free_memory(args.device)
 
     def play(rnd: int) -> list:
         order = list(runs)
@@ -259,7 +264,7 @@ def compare_tokens(run: dict, ref: dict) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_common_args(p, repeats_help="timed rounds per case, each one generation run per "
+    cli.add_common_args(p, repeats_help="timed rounds per case, each one generation run per "
                                            "implementation (default 3)")
     p.set_defaults(budget=30.0)
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default float32 (cpu), bfloat16 (cuda)")
@@ -273,7 +278,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3
-    common.finish_common_args(p, args)
+    cli.finish_common_args(p, args)
     if args.new_tokens < 1:
         p.error("--new-tokens must be >= 1")
     if min(args.batch + args.prompt_len) < 1:
@@ -286,9 +291,10 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     import transformers
+    machine.import_attn_ops()  # the source tree when attn_ops is not installed
     from attn_ops.integrations.transformers import register
 
-    run = common.Run(args, [args.dtype])
+    run = runner.Run(args, [args.dtype])
     run.info["transformers"] = transformers.__version__
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the "tested with transformers x.y" warning is in the header
@@ -305,7 +311,7 @@ def main(argv=None) -> int:
     for ci, (name, b, plen), label in run.each(cases, "{} B={} P={}".format):
         if current is None or current.name != name:
             current = None
-            common.free_memory(args.device)
+            machine.free_memory(args.device)
             current = ModelSet(name, args)
             models[name] = current.meta
             print(f"# {name}: {current.meta['description']}", flush=True)
@@ -316,12 +322,12 @@ def main(argv=None) -> int:
                "impls": {impl: entries[impl] for impl in args.impls},
                "loadavg_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
         for impl, e in row["impls"].items():
-            common.note(run.notes, impl, e, label)
+            reporting.note(run.notes, impl, e, label)
         if "sdpa" in last:
             for impl, r in last.items():
                 if impl != "sdpa":
                     row["impls"][impl]["same_tokens"] = compare_tokens(r, last["sdpa"])
-                    row["impls"][impl]["logits_rel_diff"] = common.rel_maxdiff(
+                    row["impls"][impl]["logits_rel_diff"] = baselines.rel_maxdiff(
                         r["prefill_logits"], last["sdpa"]["prefill_logits"])
         results.append(row)
         print(format_row_line(label, row, args.impls), flush=True)
@@ -349,7 +355,7 @@ def cell(entry: dict, rate_key: str, time_key: str) -> str:
         return (entry or {}).get("status", "-")
     if rate_key not in entry:
         return "-"
-    return f"{common.fmt_num(entry[rate_key])} ({entry[time_key]:.1f})"
+    return f"{reporting.fmt_num(entry[rate_key])} ({entry[time_key]:.1f})"
 
 
 def format_row_line(label: str, row: dict, impls: list) -> str:
@@ -372,7 +378,7 @@ def render_markdown(run, models: dict, results: list) -> str:
     args, info = run.args, run.info
     impls = args.impls
     L = ["# Greedy generation with transformers models: attn_ops vs sdpa vs eager", ""]
-    L += common.header_lines(info, run.ceilings, run.elapsed(), args.device)
+    L += reporting.header_lines(info, run.ceilings, run.elapsed(), args.device)
     end = info.get("loadavg_at_end")
     L.append(f"- transformers {info['transformers']}; load average at the end: "
              f"{', '.join(f'{x:.2f}' for x in end) if end else 'n/a'}; \"load after\" in the prefill "
@@ -416,7 +422,7 @@ def render_markdown(run, models: dict, results: list) -> str:
                     [ratio(r, i, "prefill_ms") for i in impls if i != "attn_ops"] +
                     [f"{o['logits_rel_diff']:.1e}" if "logits_rel_diff" in o else "-", o.get("n", "-"),
                      f"{load:.1f}" if load is not None else "-"])
-    L.append(common.markdown_table(header, [[str(c) for c in row] for row in rows]))
+    L.append(reporting.markdown_table(header, [[str(c) for c in row] for row in rows]))
     L.append("")
     L.append("### Decode: tokens/s (ms per decode step)")
     L.append("")
@@ -429,8 +435,8 @@ def render_markdown(run, models: dict, results: list) -> str:
                     [ratio(r, i, "decode_ms_per_token") for i in impls if i != "attn_ops"] +
                     [r["impls"].get(i, {}).get("same_tokens", {}).get("text", "-")
                      for i in impls if i != "sdpa"])
-    L.append(common.markdown_table(header, [[str(c) for c in row] for row in rows]))
-    L += common.skipped_lines(run.notes)
+    L.append(reporting.markdown_table(header, [[str(c) for c in row] for row in rows]))
+    L += reporting.skipped_lines(run.notes)
     return "\n".join(L)
 
 

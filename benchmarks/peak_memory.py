@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import machine  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     p.add_argument("--hkv", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     args = p.parse_args(argv)
-    attn_ops = common.import_attn_ops()  # both processes load the same libraries
+    attn_ops = machine.import_attn_ops()  # both processes load the same libraries
     shape_q = (1, args.seqlen, args.hq, args.head_dim)
     shape_kv = (1, args.seqlen, args.hkv, args.head_dim)
     q, dout = torch.randn(shape_q), torch.randn(shape_q)
