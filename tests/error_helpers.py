@@ -41,13 +41,17 @@ def assert_unchanged(snap):
         assert torch.equal(base, before), "a rejected call wrote into a cache"
 
 
-def expect_error(op, message, *args, call=None, written=(), regex=False, anchored=False, **kwargs):
+def expect_error(op, message, *args, call=None, written=(), regex=False, anchored=False, exact=False,
+                 **kwargs):
     """``call(*args, **kwargs)`` (default ``attn_ops.<op>``) raises a RuntimeError whose message holds
     ``attn_ops.<op>: `` + ``message`` (a regular expression when ``regex``; at the start of the
-    message when ``anchored``), and the whole buffers of the ``written`` tensors are bit-identical to
-    before (a rejected in-place call writes nothing)."""
+    message when ``anchored``; the whole first line of the message when ``exact``), and the whole
+    buffers of the ``written`` tensors are bit-identical to before (a rejected in-place call writes
+    nothing)."""
     snap = snapshot(*written)
     pattern = re.escape(f"attn_ops.{op}: ") + (message if regex else re.escape(message))
-    with pytest.raises(RuntimeError, match=("^" if anchored else "") + pattern):
+    with pytest.raises(RuntimeError, match=("^" if anchored or exact else "") + pattern) as info:
         (call or getattr(attn_ops, op))(*args, **kwargs)
+    if exact:
+        assert re.fullmatch(pattern, str(info.value).splitlines()[0]), str(info.value)
     assert_unchanged(snap)

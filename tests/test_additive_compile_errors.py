@@ -6,6 +6,7 @@ from torch.library import opcheck
 
 import attn_ops
 from additive_reference import additive_inputs
+from error_helpers import expect_error
 
 OPCHECK_CASES = {  # name: (B, Tq, Tk, A, Dv, dtype, masked, return_weights)
     "f32": (2, 5, 7, 16, 8, torch.float32, False, False),
@@ -56,7 +57,6 @@ def good():
     return dict(qp=torch.randn(2, 3, 8), kp=torch.randn(2, 4, 8), w=torch.randn(8), v=torch.randn(2, 4, 5))
 
 
-OP = "attn_ops.additive_attention: "
 BAD = [
     ({"qp": torch.ones(2, 3, 8, dtype=torch.long)}, "qp must be float16, bfloat16, float32 or float64, got int64"),
     ({"qp": torch.randn(3, 8)}, "qp must be a 3-D tensor [batch, query_len, hidden], got a 2-D tensor of shape [3, 8]"),
@@ -84,9 +84,8 @@ BAD = [
 def test_bad_inputs(change, message):
     args = {**good(), **change}
     mask = args.pop("key_padding_mask", None)
-    with pytest.raises(RuntimeError) as info:
-        attn_ops.additive_attention(args["qp"], args["kp"], args["w"], args["v"], key_padding_mask=mask)
-    assert str(info.value).splitlines()[0] == OP + message
+    expect_error("additive_attention", message, args["qp"], args["kp"], args["w"], args["v"], exact=True,
+                 key_padding_mask=mask)
 
 
 def backward_args():
@@ -95,7 +94,6 @@ def backward_args():
     return dict(dout=torch.randn_like(out), dlse=None, qp=qp, kp=kp, w=w, v=v, out=out, lse=lse)
 
 
-OPB = "attn_ops.additive_attention_backward: "
 BAD_BACKWARD = [
     ({"dout": torch.randn(2, 3, 4)},
      "dout must be a tensor of shape [2, 3, 5] [batch, query_len, value_dim], got shape [2, 3, 4]"),
@@ -110,6 +108,5 @@ BAD_BACKWARD = [
 @pytest.mark.parametrize("change, message", BAD_BACKWARD)
 def test_bad_backward_inputs(change, message):
     args = {**backward_args(), **change}
-    with pytest.raises(RuntimeError) as info:
-        torch.ops.attn_ops.additive_attention_backward(*args.values())
-    assert str(info.value).splitlines()[0] == OPB + message
+    expect_error("additive_attention_backward", message, *args.values(), exact=True,
+                 call=torch.ops.attn_ops.additive_attention_backward)

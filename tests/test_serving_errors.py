@@ -4,22 +4,17 @@ rejected writes a check that nothing was written. (On CUDA the value checks run 
 the CUDA context: they are not tested in-process; the CUDA results are in test_serving_batches.py.)
 """
 
-import re
-
 import pytest
 import torch
 
 import attn_ops
-
-
-
-def i32(x, device="cpu"):
-    return torch.tensor(x, dtype=torch.int32, device=device)
+from error_helpers import expect_error, i32
 
 
 def raises(msg, fn, *args, **kw):
-    with pytest.raises(RuntimeError, match=re.escape(msg)):
-        fn(*args, **kw)
+    """fn raises msg ("attn_ops.<op>: <message>")."""
+    op, message = msg.split(": ", 1)
+    expect_error(op.removeprefix("attn_ops."), message, *args, call=fn, **kw)
 
 
 ATT, MLA = "attn_ops.attention_with_kvcache: ", "attn_ops.mla_decode: "
