@@ -2,6 +2,8 @@
 // and the Meta kernels (shapes only) that fake-tensor tracing and torch.compile use.
 #include "attention/validation.h"
 
+#include "attention/entry.h"
+
 #include "common/checks.h"
 
 #include <ATen/ATen.h>
@@ -86,6 +88,17 @@ void check_score_options(const char* op, c10::ScalarType dtype, std::optional<do
               largest, " (representable in ", acc, "), got ", scale.value_or(0.0));
 }
 
+namespace {
+
+// out: [batch, seqlen_q, heads_q, head_dim_v] or [total_q, heads_q, head_dim_v]; lse: [batch, heads_q,
+// seqlen_q] or [heads_q, total_q].
+OutLseSizes attention_outputs(const AttentionShape& s, c10::ScalarType dtype) {
+  if (s.varlen) {
+    return {{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}, attention_lse_dtype(dtype)};
+  }
+  return {{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q}, attention_lse_dtype(dtype)};
+}
+
 AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const AttentionOptions& opts) {
   TORCH_CHECK(opts.cu_seqlens_q.has_value() == opts.cu_seqlens_k.has_value(), op,
@@ -159,9 +172,10 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
 void check_attention_backward_inputs(const char* op, const AttentionShape& shape, const at::Tensor& q,
                                      const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
                                      const std::optional<at::Tensor>& dlse) {
-  const std::vector<c10::SymInt> out_shape = attention_out_shape(shape);
-  const std::vector<c10::SymInt> lse_shape = attention_lse_shape(shape);
-  const c10::ScalarType lse_dtype = attention_lse_dtype(q.scalar_type());
+  const OutLseSizes sizes = attention_outputs(shape, q.scalar_type());
+  const std::vector<c10::SymInt>& out_shape = sizes.out;
+  const std::vector<c10::SymInt>& lse_shape = sizes.lse;
+  const c10::ScalarType lse_dtype = sizes.lse_dtype;
   TORCH_CHECK(out.sym_sizes() == c10::SymIntArrayRef(out_shape), op, ": out must have shape ", shape_str(out_shape),
               ", got ", shape_str(out));
   TORCH_CHECK(dout.sym_sizes() == out.sym_sizes(), op, ": dout must have shape ", shape_str(out_shape),
@@ -182,77 +196,63 @@ void check_attention_backward_inputs(const char* op, const AttentionShape& shape
   }
 }
 
-std::vector<c10::SymInt> attention_out_shape(const AttentionShape& s) {
-  if (s.varlen) {
-    return {s.seqlen_q, s.heads_q, s.head_dim_v};
-  }
-  return {s.batch, s.seqlen_q, s.heads_q, s.head_dim_v};
-}
-
-std::vector<c10::SymInt> attention_lse_shape(const AttentionShape& s) {
-  if (s.varlen) {
-    return {s.heads_q, s.seqlen_q};
-  }
-  return {s.batch, s.heads_q, s.seqlen_q};
-}
+}  // namespace
 
 c10::ScalarType attention_lse_dtype(c10::ScalarType input_dtype) {
   return input_dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-double attention_scale(const AttentionShape& shape, const AttentionOptions& opts) {
-  if (opts.scale.has_value()) {
-    return *opts.scale;
+double resolve_scale(std::optional<double> scale, const c10::SymInt& head_dim) {
+  if (scale.has_value()) {
+    return *scale;
   }
-  return 1.0 / std::sqrt(static_cast<double>(shape.head_dim_qk.guard_int(__FILE__, __LINE__)));
+  return 1.0 / std::sqrt(static_cast<double>(head_dim.guard_int(__FILE__, __LINE__)));
 }
 
-AttentionOptions make_attention_options(std::optional<double> scale, bool causal, int64_t window_left,
-                                        int64_t window_right, double softcap,
-                                        const std::optional<at::Tensor>& cu_seqlens_q,
-                                        const std::optional<at::Tensor>& cu_seqlens_k,
-                                        std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
-  return AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
-                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+std::tuple<at::Tensor, at::Tensor> empty_out_lse(const OutLseSizes& sizes, const at::TensorOptions& options) {
+  return {at::empty_symint(sizes.out, options), at::empty_symint(sizes.lse, options.dtype(sizes.lse_dtype))};
 }
 
-namespace {
-
-std::tuple<at::Tensor, at::Tensor> attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  std::optional<double> scale, bool causal, int64_t window_left,
-                                                  int64_t window_right, double softcap,
-                                                  const std::optional<at::Tensor>& cu_seqlens_q,
-                                                  const std::optional<at::Tensor>& cu_seqlens_k,
-                                                  std::optional<int64_t> max_seqlen_q,
-                                                  std::optional<int64_t> max_seqlen_k) {
-  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  const AttentionShape shape = check_attention_inputs("attn_ops.attention", q, k, v, opts);
-  at::Tensor out = at::empty_symint(attention_out_shape(shape), q.options());
-  at::Tensor lse = at::empty_symint(attention_lse_shape(shape), q.options().dtype(attention_lse_dtype(q.scalar_type())));
-  return {out, lse};
+AttentionPrep prepare_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
+                                double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
+                                const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
+                                std::optional<int64_t> max_seqlen_k) {
+  AttentionPrep prep;
+  prep.opts = AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
+                               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  prep.shape = check_attention_inputs("attn_ops.attention", q, k, v, prep.opts);
+  prep.outputs = attention_outputs(prep.shape, q.scalar_type());
+  return prep;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_meta(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
-    int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-    std::optional<int64_t> max_seqlen_k) {
+AttentionPrep prepare_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                         const std::optional<at::Tensor>& dlse, std::optional<double> scale,
+                                         bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                         const std::optional<at::Tensor>& cu_seqlens_q,
+                                         const std::optional<at::Tensor>& cu_seqlens_k,
+                                         std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
   const char* op = "attn_ops.attention_backward";
-  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  const AttentionShape shape = check_attention_inputs(op, q, k, v, opts);
-  check_attention_backward_inputs(op, shape, q, dout, out, lse, dlse);
+  AttentionPrep prep;
+  prep.opts = AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
+                               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  prep.shape = check_attention_inputs(op, q, k, v, prep.opts);
+  check_attention_backward_inputs(op, prep.shape, q, dout, out, lse, dlse);
+  prep.outputs = attention_outputs(prep.shape, q.scalar_type());
+  return prep;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_attention_grads(const at::Tensor& q, const at::Tensor& k,
+                                                                     const at::Tensor& v) {
   return {at::empty_symint(q.sym_sizes(), q.options()), at::empty_symint(k.sym_sizes(), k.options()),
           at::empty_symint(v.sym_sizes(), v.options())};
 }
 
-}  // namespace
-
+// Meta kernels: the preparation and empty outputs of its SymInt shapes, no backend.
 TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("attention", &attention_meta);
-  m.impl("attention_backward", &attention_backward_meta);
+  m.impl("attention", &attention_on<nullptr>);
+  m.impl("attention_backward", &attention_backward_on<nullptr>);
 }
 
 }  // namespace attn_ops

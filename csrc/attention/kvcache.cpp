@@ -1,6 +1,8 @@
 // Argument checks of attention_with_kvcache, shared by every backend, and its Meta kernel.
 #include "attention/validation.h"
 
+#include "attention/entry.h"
+
 #include "attention/serving.h"
 
 #include "common/checks.h"
@@ -35,12 +37,11 @@ void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seql
   }
 }
 
-KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache,
-                                                          const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                                          const std::optional<at::Tensor>& block_table,
-                                                          std::optional<double> scale, int64_t window_left,
-                                                          int64_t window_right, double softcap,
-                                                          const KvCacheRows& rows) {
+WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
+                                               const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                               const std::optional<at::Tensor>& block_table,
+                                               std::optional<double> scale, int64_t window_left,
+                                               int64_t window_right, double softcap, const KvCacheRows& rows) {
   const char* op = "attn_ops.attention_with_kvcache";
   const bool paged = block_table.has_value();
   if (rows.packed()) {
@@ -63,7 +64,7 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
   check_last_dim_contiguous(op, "k_cache", k_cache);
   check_last_dim_contiguous(op, "v_cache", v_cache);
 
-  KvCacheAttentionShape s;
+  WithKvCachePrep s;
   s.paged = paged;
   s.packed = rows.packed();
   s.batch = check_kvcache_rows(op, rows, q, "q");
@@ -106,42 +107,16 @@ KvCacheAttentionShape check_attention_with_kvcache_inputs(const at::Tensor& q, c
                              paged ? "block_table" : "k_cache", cache_seqlens, paged ? *block_table : at::Tensor(),
                              s.capacity.expect_int(), paged ? k_cache.size(1) : 0, paged ? k_cache.size(0) : 0);
   }
+  s.given_scale = scale;
+  const c10::ScalarType lse_dtype = attention_lse_dtype(q.scalar_type());
+  s.outputs = s.packed ? OutLseSizes{{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}, lse_dtype}
+                       : OutLseSizes{{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q},
+                                     lse_dtype};
   return s;
 }
 
-std::pair<std::vector<c10::SymInt>, std::vector<c10::SymInt>> kvcache_output_shapes(const KvCacheAttentionShape& s) {
-  if (s.packed) {
-    return {{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}};
-  }
-  return {{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q}};
-}
-
-namespace {
-
-std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_meta(const at::Tensor& q, const at::Tensor& k_cache,
-                                                               const at::Tensor& v_cache,
-                                                               const at::Tensor& cache_seqlens,
-                                                               const std::optional<at::Tensor>& block_table,
-                                                               std::optional<double> scale, bool causal,
-                                                               int64_t window_left, int64_t window_right,
-                                                               double softcap,
-                                                               const std::optional<at::Tensor>& cu_seqlens_q,
-                                                               std::optional<int64_t> max_seqlen_q,
-                                                               const std::optional<at::Tensor>& cache_batch_idx,
-                                                               const std::optional<at::Tensor>& cache_leftpad) {
-  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
-  const KvCacheAttentionShape s = check_attention_with_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table,
-                                                                      scale, window_left, window_right, softcap, rows);
-  const auto [out_shape, lse_shape] = kvcache_output_shapes(s);
-  at::Tensor out = at::empty_symint(out_shape, q.options());
-  at::Tensor lse = at::empty_symint(lse_shape, q.options().dtype(attention_lse_dtype(q.scalar_type())));
-  return {out, lse};
-}
-
-}  // namespace
-
 TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("attention_with_kvcache", &attention_with_kvcache_meta);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_on<nullptr>);
 }
 
 }  // namespace attn_ops

@@ -1,6 +1,8 @@
 // Argument checks of the MLA ops and their Meta kernels.
 #include "mla/validation.h"
 
+#include "mla/absorbed_decode.h"
+
 #include "attention/serving.h"
 #include "attention/validation.h"
 #include "cache/validation.h"
@@ -91,9 +93,9 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
                          {selected ? "cache_batch_idx" : (paged ? "slot_mapping" : "cache_seqlens"), rows}});
 }
 
-void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
-                             const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                             double scale, const KvCacheRows& rows) {
+OutLseSizes prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
+                               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                               double scale, const KvCacheRows& rows) {
   const char* op = "attn_ops.mla_decode";
   const bool paged = block_table.has_value();
   if (rows.packed()) {
@@ -149,6 +151,10 @@ void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rop
                              paged ? *block_table : at::Tensor(), capacity.expect_int(),
                              paged ? latent_cache.size(1) : 0, paged ? latent_cache.size(0) : 0);
   }
+  const auto& s = q_latent.sym_sizes();
+  return OutLseSizes{s.vec(),
+                     rows.packed() ? std::vector<c10::SymInt>{s[1], s[0]} : std::vector<c10::SymInt>{s[0], s[2], s[1]},
+                     attention_lse_dtype(q_latent.scalar_type())};
 }
 
 namespace {
@@ -160,28 +166,11 @@ void mla_cache_append_meta(const at::Tensor& latent_cache, const at::Tensor& c_k
   check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
 }
 
-std::tuple<at::Tensor, at::Tensor> mla_decode_meta(const at::Tensor& q_latent, const at::Tensor& q_rope,
-                                                   const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
-                                                   double scale, const std::optional<at::Tensor>& block_table,
-                                                   bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
-                                                   std::optional<int64_t> max_seqlen_q,
-                                                   const std::optional<at::Tensor>& cache_batch_idx,
-                                                   const std::optional<at::Tensor>& cache_leftpad) {
-  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
-  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale, rows);
-  const auto& s = q_latent.sym_sizes();
-  const std::vector<c10::SymInt> lse_shape =
-      rows.packed() ? std::vector<c10::SymInt>{s[1], s[0]} : std::vector<c10::SymInt>{s[0], s[2], s[1]};
-  at::Tensor out = at::empty_symint(s, q_latent.options());
-  at::Tensor lse = at::empty_symint(lse_shape, q_latent.options().dtype(attention_lse_dtype(q_latent.scalar_type())));
-  return {out, lse};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
   m.impl("mla_cache_append", &mla_cache_append_meta);
-  m.impl("mla_decode", &mla_decode_meta);
+  m.impl("mla_decode", &mla_decode_on<nullptr>);
 }
 
 }  // namespace attn_ops

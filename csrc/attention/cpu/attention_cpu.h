@@ -100,17 +100,16 @@ struct AttentionProblem {
   }
 };
 
-AttentionProblem make_problem(const AttentionShape& shape, const AttentionOptions& opts);
+AttentionProblem make_problem(const AttentionPrep& prep);
 
 // Attention of q [B, Tq, Hq, Dk] (or packed [total_q, Hq, Dk] with rows.cu_seqlens_q) over the keys
 // cache_leftpad[b] .. cache_seqlens[b] - 1 of cache row cache_batch_idx[b] (default: b) of a contiguous cache
 // [rows, capacity, Hkv, D] or, with block_table, a paged one [num_blocks, block_size, Hkv, D]; arguments
-// already validated. k_cache and v_cache may be views of one tensor (MLA's latent cache).
-std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                                     const std::optional<at::Tensor>& block_table, double scale,
-                                                     bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap, const KvCacheRows& rows);
+// already validated; writes out and lse. k_cache and v_cache may be views of one tensor (MLA's latent cache).
+void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table, double scale,
+                       bool causal, int64_t window_left, int64_t window_right, double softcap, const KvCacheRows& rows,
+                       const at::Tensor& out, const at::Tensor& lse);
 
 
 
