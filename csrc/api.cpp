@@ -1,6 +1,6 @@
-// The public C++ API (attention.h): typed calls through the dispatcher, so LibTorch programs get the
+// The public C++ API (attn_ops.h): typed calls through the dispatcher, so LibTorch programs get the
 // same backend selection and autograd as torch.ops.attn_ops.* in Python.
-#include "attention.h"
+#include "attn_ops.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 

@@ -5,7 +5,7 @@
 // under torch.compile's dynamic shapes.
 #pragma once
 
-#include "attention/serving.h"
+#include "common/serving.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -124,23 +124,5 @@ WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Te
                                                const std::optional<at::Tensor>& block_table,
                                                std::optional<double> scale, int64_t window_left,
                                                int64_t window_right, double softcap, const KvCacheRows& rows);
-
-// Values of cache_seqlens (0 <= len <= capacity) and, for a paged cache, of the block-table entries each
-// row uses (in [0, num_blocks)). Call it only on tensors that hold data (not meta / fake ones);
-// block_table is undefined (and block_size, num_blocks unused) for a contiguous cache. `table_rows`
-// (host int32 [B], checked in range) picks the block-table row of each batch row, `first_key` (host int32
-// [B]) the cache position of its first key (cache_leftpad); either may be undefined (row b, position 0).
-void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seqlens, const at::Tensor& block_table,
-                                    int64_t capacity, int64_t block_size, int64_t num_blocks,
-                                    const at::Tensor& table_rows = at::Tensor(),
-                                    const at::Tensor& first_key = at::Tensor());
-
-// Reads cu_seqlens (copying it to the host if needed) and checks its values (starts at 0, non-decreasing,
-// ends at `total`, the token count of `tensor_name`); returns the longest sequence.
-int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu, int64_t total,
-                                const char* tensor_name);
-// max_seqlen (when given) is at least `longest`, the longest sequence of `cu_name`.
-void check_max_seqlen(const char* op, const char* name, const char* cu_name, std::optional<int64_t> max_seqlen,
-                      int64_t longest);
 
 }  // namespace attn_ops

@@ -1,8 +1,8 @@
 // Argument checks of the MLA ops (mla_cache_append, mla_decode), shared by every backend (CPU, CUDA, Meta).
 #pragma once
 
-#include "attention/serving.h"
 #include "attention/validation.h"
+#include "common/serving.h"
 
 #include <ATen/core/Tensor.h>
 

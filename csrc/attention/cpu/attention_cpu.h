@@ -2,7 +2,7 @@
 // the forward and backward kernels address any BSHD or varlen layout (any strides but the last dim).
 #pragma once
 
-#include "attention/serving.h"
+#include "common/serving.h"
 #include "attention/validation.h"
 
 #include <ATen/core/Tensor.h>

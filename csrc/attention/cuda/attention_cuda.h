@@ -3,7 +3,7 @@
 #pragma once
 
 #include "attention/cuda/problem.cuh"
-#include "attention/serving.h"
+#include "common/serving.h"
 #include "common/cuda/index_checks.h"
 
 #include <ATen/core/Tensor.h>

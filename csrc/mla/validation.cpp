@@ -1,15 +1,12 @@
-// Argument checks of the MLA ops and their Meta kernels.
+// Argument checks of the MLA ops (and the output shapes of mla_decode), shared by every backend.
 #include "mla/validation.h"
 
-#include "mla/absorbed_decode.h"
-
-#include "attention/serving.h"
 #include "attention/validation.h"
-#include "cache/validation.h"
 #include "common/checks.h"
+#include "common/index_checks.h"
+#include "common/serving.h"
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 namespace attn_ops {
 namespace {
@@ -155,22 +152,6 @@ OutLseSizes prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_r
   return OutLseSizes{s.vec(),
                      rows.packed() ? std::vector<c10::SymInt>{s[1], s[0]} : std::vector<c10::SymInt>{s[0], s[2], s[1]},
                      attention_lse_dtype(q_latent.scalar_type())};
-}
-
-namespace {
-
-void mla_cache_append_meta(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
-                           const std::optional<at::Tensor>& cache_seqlens,
-                           const std::optional<at::Tensor>& slot_mapping,
-                           const std::optional<at::Tensor>& cache_batch_idx) {
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("mla_cache_append", &mla_cache_append_meta);
-  m.impl("mla_decode", &mla_decode_on<nullptr>);
 }
 
 }  // namespace attn_ops

@@ -1,41 +1,14 @@
-// Argument checks of attention_with_kvcache, shared by every backend, and its Meta kernel.
+// Preparation of attention_with_kvcache (argument checks, values of the index tensors when they hold data,
+// the output shapes), shared by every backend.
 #include "attention/validation.h"
 
-#include "attention/entry.h"
-
-#include "attention/serving.h"
-
 #include "common/checks.h"
+#include "common/index_checks.h"
+#include "common/serving.h"
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 namespace attn_ops {
-
-void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seqlens, const at::Tensor& block_table,
-                                    int64_t capacity, int64_t block_size, int64_t num_blocks,
-                                    const at::Tensor& table_rows, const at::Tensor& first_key) {
-  const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
-  const int32_t* len = lens.const_data_ptr<int32_t>();
-  const at::Tensor table = block_table.defined() ? block_table.to(at::kCPU).contiguous() : at::Tensor();
-  for (int64_t b = 0; b < lens.numel(); ++b) {
-    TORCH_CHECK(len[b] >= 0, op, ": cache_seqlens[", b, "] = ", len[b], " must be >= 0");
-    if (!table.defined()) {
-      TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
-                  capacity);
-      continue;
-    }
-    TORCH_CHECK(len[b] <= capacity, op, ": cache_seqlens[", b, "] = ", len[b], " exceeds the cache capacity ",
-                capacity, " (max_blocks_per_seq ", table.size(1), " x block_size ", block_size, ")");
-    const int64_t t = table_rows.defined() ? table_rows.const_data_ptr<int32_t>()[b] : b;
-    const int32_t* row = table.const_data_ptr<int32_t>() + t * table.size(1);
-    const int64_t first = first_key.defined() ? first_key.const_data_ptr<int32_t>()[b] : 0;
-    for (int64_t j = first / block_size; j * block_size < len[b]; ++j) {
-      TORCH_CHECK(row[j] >= 0 && row[j] < num_blocks, op, ": block_table[", t, ", ", j, "] = ", row[j],
-                  " is out of range [0, ", num_blocks, ")");
-    }
-  }
-}
 
 WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
                                                const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
@@ -113,10 +86,6 @@ WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Te
                        : OutLseSizes{{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q},
                                      lse_dtype};
   return s;
-}
-
-TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("attention_with_kvcache", &attention_with_kvcache_on<nullptr>);
 }
 
 }  // namespace attn_ops

@@ -1,13 +1,12 @@
-// Argument checks and shape rules of attention / attention_backward, shared by every backend,
-// and the Meta kernels (shapes only) that fake-tensor tracing and torch.compile use.
+// Preparation of attention / attention_backward (argument checks, the default scale, the output shapes),
+// shared by every backend, and the checks that every attention-like op shares (head counts and dims, score
+// options).
 #include "attention/validation.h"
 
-#include "attention/entry.h"
-
 #include "common/checks.h"
+#include "common/index_checks.h"
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <limits>
@@ -34,30 +33,6 @@ void check_cu_seqlens_meta(const char* op, const char* name, const at::Tensor& c
 
 }  // namespace
 
-int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu, int64_t total,
-                                const char* tensor_name) {
-  const at::Tensor host = cu.to(at::kCPU).contiguous();
-  const int32_t* c = host.data_ptr<int32_t>();
-  const int64_t n = host.numel();
-  TORCH_CHECK(c[0] == 0, op, ": ", name, " must start at 0, got ", c[0]);
-  int64_t longest = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    TORCH_CHECK(c[i] >= c[i - 1], op, ": ", name, " must be non-decreasing, got ", name, "[", i, "] = ", c[i],
-                " after ", name, "[", i - 1, "] = ", c[i - 1]);
-    longest = std::max<int64_t>(longest, c[i] - c[i - 1]);
-  }
-  TORCH_CHECK(c[n - 1] == total, op, ": ", name, " must end at the number of tokens in ", tensor_name, " (", total,
-              "), got ", c[n - 1]);
-  return longest;
-}
-
-void check_max_seqlen(const char* op, const char* name, const char* cu_name, std::optional<int64_t> max_seqlen,
-                      int64_t longest) {
-  if (max_seqlen.has_value()) {
-    TORCH_CHECK(*max_seqlen >= longest, op, ": ", name, " (", *max_seqlen, ") is smaller than the longest sequence in ",
-                cu_name, " (", longest, ")");
-  }
-}
 
 void check_head_dims(const char* op, const c10::SymInt& head_dim_qk, const c10::SymInt& head_dim_v) {
   TORCH_CHECK(head_dim_qk >= 1 && head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
@@ -247,12 +222,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_attention_grads(const at::T
                                                                      const at::Tensor& v) {
   return {at::empty_symint(q.sym_sizes(), q.options()), at::empty_symint(k.sym_sizes(), k.options()),
           at::empty_symint(v.sym_sizes(), v.options())};
-}
-
-// Meta kernels: the preparation and empty outputs of its SymInt shapes, no backend.
-TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("attention", &attention_on<nullptr>);
-  m.impl("attention_backward", &attention_backward_on<nullptr>);
 }
 
 }  // namespace attn_ops
