@@ -65,6 +65,22 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, c
                  cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad);
 }
 
+at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& positions, bool interleaved, bool inverse) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::rotary_embedding", "")
+                             .typed<decltype(rotary_embedding)>();
+  return op.call(x, cos, sin, positions, interleaved, inverse);
+}
+
+void rotary_embedding_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+                       bool interleaved, bool inverse) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::rotary_embedding_", "")
+                             .typed<decltype(rotary_embedding_)>();
+  op.call(x, cos, sin, positions, interleaved, inverse);
+}
+
 void mla_cache_append(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                       const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& slot_mapping,
                       const std::optional<at::Tensor>& cache_batch_idx) {

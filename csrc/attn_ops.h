@@ -1,9 +1,10 @@
-// Public C++ API of attn_ops for LibTorch programs.
+// Public C++ API of attn_ops for LibTorch programs: one typed function per operator of the library, with the
+// defaults of its schema (csrc/registration.cpp).
 //
 // Each function calls the registered operator through the PyTorch dispatcher, so it runs the CPU or
 // CUDA kernel that matches the inputs and records autograd history when the inputs require grad.
 // Link the attn_ops library (CMake target `attn_ops`) so its operators are registered.
-// Shapes and semantics: docs/attention_api.md.
+// Shapes and semantics: docs/<family>_api.md (attention, kvcache, rotary, mla, additive, lightning).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -88,6 +89,17 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
     std::optional<int64_t> max_seqlen_q = std::nullopt,
     const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
     const std::optional<at::Tensor>& cache_leftpad = std::nullopt);
+
+// Rotary position embedding (docs/rotary_api.md): x [..., heads, head_dim] rotated at positions (int32 /
+// int64 [...], x's leading dims) by the tables cos / sin [max_positions, rotary_dim / 2] (float32 or x's
+// dtype); the first rotary_dim features rotate as half-split pairs (i, i + rotary_dim / 2), or as adjacent
+// pairs when interleaved; inverse rotates by -angle. -> a new tensor of x's shape. Differentiable in x.
+at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& positions, bool interleaved = false, bool inverse = false);
+
+// The same rotation, written into x (in place; x may not overlap cos, sin or positions).
+void rotary_embedding_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+                       bool interleaved = false, bool inverse = false);
 
 // MLA: writes [c_kv ; k_pe] rows into a latent cache, contiguous [batch, capacity, d_c + d_rope] (with
 // cache_seqlens) or paged [num_blocks, block_size, d_c + d_rope] (with slot_mapping). Exactly one of the two.
