@@ -111,11 +111,6 @@ void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at:
                        bool causal, int64_t window_left, int64_t window_right, double softcap, const KvCacheRows& rows,
                        const at::Tensor& out, const at::Tensor& lse);
 
-
-
-
-
-
 // Forward of attention (and of attention over a KV cache, whose keys come through a paged KeyLayout).
 template <typename scalar_t, typename acc_t>
 void attention_forward_kernel(const AttentionProblem& p,

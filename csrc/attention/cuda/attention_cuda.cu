@@ -94,11 +94,11 @@ std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t max_len_
   if (a.splits == 1) {
     return {};
   }
-  const auto acc = options.dtype(c10::CppTypeToScalarType<acc_t<T>>::value);
+  const auto acc = options.dtype(c10::CppTypeToScalarType<acc_type<T>>::value);
   at::Tensor out = at::empty({a.splits, a.batch, a.max_len_q, a.heads_q, a.dim_v}, acc);
   at::Tensor lse = at::empty({a.splits, a.batch, a.max_len_q, a.heads_q}, acc);
-  a.partial_out = out.mutable_data_ptr<acc_t<T>>();
-  a.partial_lse = lse.mutable_data_ptr<acc_t<T>>();
+  a.partial_out = out.mutable_data_ptr<acc_type<T>>();
+  a.partial_lse = lse.mutable_data_ptr<acc_type<T>>();
   return {out, lse};
 }
 
@@ -111,7 +111,7 @@ ForwardArgs<T> forward_tensors(const at::Tensor& q, const at::Tensor& k, const a
   a.k = k.const_data_ptr<T>();
   a.v = v.const_data_ptr<T>();
   a.out = out.mutable_data_ptr<T>();
-  a.lse = lse.mutable_data_ptr<acc_t<T>>();
+  a.lse = lse.mutable_data_ptr<acc_type<T>>();
   return a;
 }
 
@@ -179,7 +179,7 @@ void attention_backward_cuda(const AttentionPrep& prep, const at::Tensor& dout, 
              : std::pair{total_q, total_k};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_backward", [&] {
-    using A = acc_t<scalar_t>;
+    using A = acc_type<scalar_t>;
     BackwardArgs<scalar_t> a{};
     a.q = q.const_data_ptr<scalar_t>();
     a.k = k.const_data_ptr<scalar_t>();
@@ -274,7 +274,7 @@ void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const at::Tensor first_key = rows.cache_leftpad.has_value() ? rows.cache_leftpad->contiguous() : at::Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
-    using A = acc_t<scalar_t>;
+    using A = acc_type<scalar_t>;
     ForwardArgs<scalar_t> a = forward_tensors<scalar_t>(q, k_cache, v_cache, out, lse);
     a.q_layout = token_layout(q, packed);
     a.out_layout = token_layout(out, packed);
