@@ -143,7 +143,8 @@ void attention_cuda(const AttentionPrep& prep, const at::Tensor& q, const at::Te
   const at::Tensor cu_q = varlen ? prep.opts.cu_seqlens_q->contiguous() : at::Tensor();
   const at::Tensor cu_k = varlen ? prep.opts.cu_seqlens_k->contiguous() : at::Tensor();
   const std::pair<int64_t, int64_t> longest =
-      varlen ? checked_longest_sequences("attn_ops.attention", cu_q, cu_k, shape, prep.opts) : std::pair{total_q, total_k};
+      varlen ? checked_longest_sequences("attn_ops.attention", cu_q, cu_k, shape, prep.opts)
+             : std::pair{total_q, total_k};
   const int64_t max_len_q = longest.first, max_len_k = longest.second;
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
