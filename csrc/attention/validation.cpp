@@ -34,6 +34,19 @@ void check_cu_seqlens_meta(const char* op, const char* name, const at::Tensor& c
 }  // namespace
 
 
+void check_float_operands(const char* op, std::initializer_list<NamedTensor> operands) {
+  const NamedTensor& first = *operands.begin();
+  check_float_dtype(op, first.name, first.tensor);
+  for (const NamedTensor& other : operands) {
+    if (&other != &first) {
+      check_same_dtype_device(op, other.name, other.tensor, first.name, first.tensor);
+    }
+  }
+  for (const NamedTensor& operand : operands) {
+    check_last_dim_contiguous(op, operand.name, operand.tensor);
+  }
+}
+
 void check_head_dims(const char* op, const c10::SymInt& head_dim_qk, const c10::SymInt& head_dim_v) {
   TORCH_CHECK(head_dim_qk >= 1 && head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
               head_dim_qk, " and ", head_dim_v);
@@ -84,12 +97,7 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
   check_qkv_rank(op, "k", k, varlen, "[batch, seqlen_k, heads_kv, head_dim_qk]", "[total_k, heads_kv, head_dim_qk]");
   check_qkv_rank(op, "v", v, varlen, "[batch, seqlen_k, heads_kv, head_dim_v]", "[total_k, heads_kv, head_dim_v]");
 
-  check_float_dtype(op, "q", q);
-  check_same_dtype_device(op, "k", k, "q", q);
-  check_same_dtype_device(op, "v", v, "q", q);
-  check_last_dim_contiguous(op, "q", q);
-  check_last_dim_contiguous(op, "k", k);
-  check_last_dim_contiguous(op, "v", v);
+  check_float_operands(op, {{"q", q}, {"k", k}, {"v", v}});
 
   AttentionShape s;
   s.varlen = varlen;

@@ -5,10 +5,12 @@
 // under torch.compile's dynamic shapes.
 #pragma once
 
+#include "common/checks.h"
 #include "common/serving.h"
 
 #include <ATen/core/Tensor.h>
 
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -89,6 +91,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_attention_grads(const at::T
 
 // The largest head dim of any attention op (the CUDA row kernels hold 32 features per lane).
 constexpr int64_t kMaxHeadDim = 1024;
+
+// Shared by every attention-like op: the floating-point operands, checked in this order: the first float16,
+// bfloat16, float32 or float64; every other one of its dtype and on its device; each with stride 1 in its
+// last dim.
+void check_float_operands(const char* op, std::initializer_list<NamedTensor> operands);
 
 // Shared by every attention-like op: head dims in [1, kMaxHeadDim].
 void check_head_dims(const char* op, const c10::SymInt& head_dim_qk, const c10::SymInt& head_dim_v);

@@ -30,12 +30,7 @@ WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Te
     check_rank(op, "k_cache", k_cache, 4, "[batch, capacity, heads_kv, head_dim]");
     check_rank(op, "v_cache", v_cache, 4, "[batch, capacity, heads_kv, head_dim_v]");
   }
-  check_float_dtype(op, "q", q);
-  check_same_dtype_device(op, "k_cache", k_cache, "q", q);
-  check_same_dtype_device(op, "v_cache", v_cache, "q", q);
-  check_last_dim_contiguous(op, "q", q);
-  check_last_dim_contiguous(op, "k_cache", k_cache);
-  check_last_dim_contiguous(op, "v_cache", v_cache);
+  check_float_operands(op, {{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});
 
   WithKvCachePrep s;
   s.paged = paged;

@@ -108,12 +108,7 @@ OutLseSizes prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_r
   } else {
     check_rank(op, "latent_cache", latent_cache, 3, "[batch, capacity, kv_lora_rank + rope_dim]");
   }
-  check_float_dtype(op, "q_latent", q_latent);
-  check_same_dtype_device(op, "q_rope", q_rope, "q_latent", q_latent);
-  check_same_dtype_device(op, "latent_cache", latent_cache, "q_latent", q_latent);
-  check_last_dim_contiguous(op, "q_latent", q_latent);
-  check_last_dim_contiguous(op, "q_rope", q_rope);
-  check_last_dim_contiguous(op, "latent_cache", latent_cache);
+  check_float_operands(op, {{"q_latent", q_latent}, {"q_rope", q_rope}, {"latent_cache", latent_cache}});
   const c10::SymIntArrayRef lead = q_latent.sym_sizes().slice(0, q_latent.dim() - 1);
   TORCH_CHECK(q_rope.sym_sizes().slice(0, q_rope.dim() - 1) == lead, op, ": q_rope must have shape ",
               shape_str(lead).insert(shape_str(lead).size() - 1, ", *"),
