@@ -1,6 +1,6 @@
-// The public C++ API (attention.h): typed calls through the dispatcher, so LibTorch programs get the
+// The public C++ API (attn_ops.h): typed calls through the dispatcher, so LibTorch programs get the
 // same backend selection and autograd as torch.ops.attn_ops.* in Python.
-#include "attention.h"
+#include "attn_ops.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -63,6 +63,22 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, c
                              .typed<decltype(attention_with_kvcache)>();
   return op.call(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap,
                  cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad);
+}
+
+at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& positions, bool interleaved, bool inverse) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::rotary_embedding", "")
+                             .typed<decltype(rotary_embedding)>();
+  return op.call(x, cos, sin, positions, interleaved, inverse);
+}
+
+void rotary_embedding_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+                       bool interleaved, bool inverse) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attn_ops::rotary_embedding_", "")
+                             .typed<decltype(rotary_embedding_)>();
+  op.call(x, cos, sin, positions, interleaved, inverse);
 }
 
 void mla_cache_append(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,

@@ -1,5 +1,5 @@
 // Every operator schema of attn_ops, in one place. Kernels are registered per backend next to their
-// code (TORCH_LIBRARY_IMPL in <family>/cpu, <family>/cuda, <family>/autograd.cpp, Meta in <family>.cpp).
+// code (TORCH_LIBRARY_IMPL in <family>/cpu, <family>/cuda, <family>/autograd.cpp, Meta in <family>/meta.cpp).
 #include <torch/library.h>
 
 TORCH_LIBRARY(attn_ops, m) {

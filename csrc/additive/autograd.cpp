@@ -1,7 +1,7 @@
 // Autograd of additive_attention, registered in C++ at the Autograd key so LibTorch programs get
 // gradients too. The backward is its own operator (additive_attention_backward). Gradients flow
 // through out and lse; the optional weights output is for inspection and is not differentiable.
-#include "attention.h"  // the public C++ API, csrc/attention.h
+#include "attn_ops.h"  // the public C++ API
 
 #include <torch/autograd.h>
 #include <torch/library.h>

@@ -1,7 +1,7 @@
 // Autograd for attention, registered in C++ at the Autograd key so LibTorch programs get gradients
 // too. The backward is its own operator (attention_backward), so traced joint graphs hold two opaque
 // ops.
-#include "attention.h"  // the public C++ API, csrc/attention.h
+#include "attn_ops.h"  // the public C++ API
 #include "attention/validation.h"
 
 #include <torch/autograd.h>

@@ -21,10 +21,4 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
 void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                                         const at::Tensor& v, const at::Tensor& slot_mapping);
 
-// Value checks shared by the cache writes; call them only on tensors that hold data (not meta / fake):
-// cache_seqlens[b] >= 0 and cache_seqlens[b] + added <= capacity.
-void check_append_lengths(const char* op, const at::Tensor& cache_seqlens, int64_t added, int64_t capacity);
-// -1 <= slot_mapping[i] < num_blocks * block_size.
-void check_slot_values(const char* op, const at::Tensor& slot_mapping, int64_t num_blocks, int64_t block_size);
-
 }  // namespace attn_ops

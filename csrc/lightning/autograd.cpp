@@ -1,11 +1,13 @@
-// Autograd of lightning_attention at the Autograd key (so LibTorch C++ programs get gradients too):
+// Autograd of lightning_attention at the Autograd key (so LibTorch C++ programs get gradients too), calling
+// the ops through the C++ API (attn_ops.h):
 // gradients for q, k, v and initial_state through lightning_attention_backward. slope gets none: it is a
 // fixed buffer in every model that uses this form (MiniMax-Text-01), see docs/lightning_api.md.
+#include "attn_ops.h"
+
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 
 namespace attn_ops {
 namespace {
@@ -13,32 +15,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptTensor = std::optional<at::Tensor>;
-
-std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                const at::Tensor& slope, double scale, const OptTensor& initial_state,
-                                                const OptTensor& cu_seqlens, std::optional<int64_t> max_seqlen,
-                                                std::optional<int64_t> block_size) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("attn_ops::lightning_attention", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor>(
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                 const OptTensor&, const OptTensor&, std::optional<int64_t>, std::optional<int64_t>)>();
-  return op.call(q, k, v, slope, scale, initial_state, cu_seqlens, max_seqlen, block_size);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward(
-    const at::Tensor& dout, const OptTensor& dfinal_state, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& v, const at::Tensor& slope, double scale, const OptTensor& initial_state,
-    const OptTensor& cu_seqlens, std::optional<int64_t> max_seqlen, std::optional<int64_t> block_size) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("attn_ops::lightning_attention_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const OptTensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              const at::Tensor&, double, const OptTensor&, const OptTensor&, std::optional<int64_t>,
-              std::optional<int64_t>)>();
-  return op.call(dout, dfinal_state, q, k, v, slope, scale, initial_state, cu_seqlens, max_seqlen, block_size);
-}
 
 OptTensor optional_tensor(const at::Tensor& t) {
   return t.defined() ? OptTensor(t) : std::nullopt;
@@ -52,7 +28,7 @@ class LightningFunction : public torch::autograd::Function<LightningFunction> {
                                std::optional<int64_t> block_size) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, final_state] =
-        call_forward(q, k, v, slope, scale, initial_state, cu_seqlens, max_seqlen, block_size);
+        attn_ops::lightning_attention(q, k, v, slope, scale, initial_state, cu_seqlens, max_seqlen, block_size);
     // Only the inputs are saved: the backward recomputes the states, so memory stays linear in T.
     ctx->save_for_backward({q, k, v, slope, initial_state.value_or(at::Tensor()), cu_seqlens.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
@@ -71,10 +47,10 @@ class LightningFunction : public torch::autograd::Function<LightningFunction> {
       out_sizes.back() = saved[2].sym_size(-1);
       dout = at::zeros_symint(out_sizes, q.options());
     }
-    auto [dq, dk, dv, dinit] =
-        call_backward(dout, optional_tensor(grads[1]), q, saved[1], saved[2], saved[3], data["scale"].toDouble(),
-                      optional_tensor(saved[4]), optional_tensor(saved[5]), data["max_seqlen"].toOptional<int64_t>(),
-                      data["block_size"].toOptional<int64_t>());
+    auto [dq, dk, dv, dinit] = attn_ops::lightning_attention_backward(
+        dout, optional_tensor(grads[1]), q, saved[1], saved[2], saved[3], data["scale"].toDouble(),
+        optional_tensor(saved[4]), optional_tensor(saved[5]), data["max_seqlen"].toOptional<int64_t>(),
+        data["block_size"].toOptional<int64_t>());
     return {dq, dk, dv, at::Tensor(), at::Tensor(), saved[4].defined() ? dinit : at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }

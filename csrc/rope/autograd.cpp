@@ -1,23 +1,14 @@
 // Autograd of the out-of-place rotary embedding: a rotation's gradient is the inverse rotation.
+#include "attn_ops.h"
+
 #include <torch/autograd.h>
 #include <torch/library.h>
-
-#include <ATen/core/dispatch/Dispatcher.h>
 
 namespace attn_ops {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-at::Tensor call_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
-                       bool interleaved, bool inverse) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("attn_ops::rotary_embedding", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                               const at::Tensor&, bool, bool)>();
-  return op.call(x, cos, sin, positions, interleaved, inverse);
-}
 
 class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
  public:
@@ -27,7 +18,7 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     ctx->save_for_backward({cos, sin, positions});
     ctx->saved_data["interleaved"] = interleaved;
     ctx->saved_data["inverse"] = inverse;
-    return call_rotary(x, cos, sin, positions, interleaved, inverse);
+    return attn_ops::rotary_embedding(x, cos, sin, positions, interleaved, inverse);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -36,8 +27,9 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     if (grad.sym_stride(-1) != 1) {  // expanded gradients (x.sum()) have stride 0
       grad = grad.contiguous();
     }
-    const at::Tensor dx = call_rotary(grad, saved[0], saved[1], saved[2], ctx->saved_data["interleaved"].toBool(),
-                                      !ctx->saved_data["inverse"].toBool());
+    const at::Tensor dx = attn_ops::rotary_embedding(grad, saved[0], saved[1], saved[2],
+                                                     ctx->saved_data["interleaved"].toBool(),
+                                                     !ctx->saved_data["inverse"].toBool());
     return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

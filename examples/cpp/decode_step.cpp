@@ -1,15 +1,15 @@
 // One prefill and one decode step of a grouped-query attention layer, with attn_ops from C++ (LibTorch).
 //
-//   1. prefill: causal GQA attention over the prompt          attn_ops::attention            (attention.h)
-//   2. cache:   write the prompt's K/V into a preallocated     attn_ops::kv_cache_append      (attention.h)
+//   1. prefill: causal GQA attention over the prompt          attn_ops::attention            (attn_ops.h)
+//   2. cache:   write the prompt's K/V into a preallocated     attn_ops::kv_cache_append      (attn_ops.h)
 //               KV cache, then the K/V of one new token
-//   3. decode:  the new token's query attends to the cache     attn_ops::attention_with_kvcache (attention.h)
+//   3. decode:  the new token's query attends to the cache     attn_ops::attention_with_kvcache (attn_ops.h)
 // Each output is checked against plain tensor math in float64; the program prints the max abs errors and
 // "OK", or exits with status 1 on a mismatch.
 //
 //   decode_step [cpu|cuda]     (cuda needs a build with -DATTN_OPS_CUDA=ON)
 // Build and link: see README.md in this directory.
-#include "attention.h"  // the C++ API of attn_ops (csrc/attention.h)
+#include "attn_ops.h"  // the C++ API of attn_ops (csrc/attn_ops.h)
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
 // C++ (LibTorch) tests of attn_ops::attention: forward and backward against plain tensor math in float64,
 // error reporting, and operator registration in the dispatcher. Contract: docs/attention_api.md.
-#include "attention.h"
+#include "attn_ops.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>

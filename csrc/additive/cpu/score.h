@@ -14,10 +14,6 @@
 
 namespace attn_ops::cpu {
 
-// float32 accumulation for every dtype but float64.
-template <typename scalar_t>
-using additive_acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-
 // q, k, w, t: [hidden]; t is written only when kStore.
 template <bool kStore, typename acc_t>
 inline acc_t additive_score(const acc_t* q, const acc_t* k, const acc_t* w, acc_t* t, int64_t hidden) {

@@ -1,6 +1,7 @@
-// CPU kernels of attention / attention_backward: validation (shared with every backend), output
-// allocation, and dispatch to the forward and backward tile kernels by dtype.
-#include "attention/kvcache_entry.h"
+// CPU backend of attention / attention_backward / attention_with_kvcache: the prepared problem turned into
+// layouts, and dispatch to the forward, backward and decode kernels by dtype (attention/entry.h does the
+// shared preparation and the output allocation).
+#include "attention/entry.h"
 #include "attention/validation.h"
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/decode_cpu.h"
@@ -14,7 +15,9 @@
 
 namespace attn_ops::cpu {
 
-AttentionProblem make_problem(const AttentionShape& shape, const AttentionOptions& opts) {
+AttentionProblem make_problem(const AttentionPrep& prep) {
+  const AttentionShape& shape = prep.shape;
+  const AttentionOptions& opts = prep.opts;
   AttentionProblem p;
   p.batch = shape.batch.expect_int();
   p.heads_q = shape.heads_q.expect_int();
@@ -22,7 +25,7 @@ AttentionProblem make_problem(const AttentionShape& shape, const AttentionOption
   p.group = p.heads_q / p.heads_kv;
   p.dim_qk = shape.head_dim_qk.expect_int();
   p.dim_v = shape.head_dim_v.expect_int();
-  p.scale = attention_scale(shape, opts);
+  p.scale = prep.scale();
   p.softcap = opts.softcap;
   p.len_q.resize(p.batch);
   p.len_k.resize(p.batch);
@@ -92,21 +95,10 @@ Layouts make_layouts(const AttentionProblem& p, const AttentionOptions& opts) {
   return Layouts{token_starts(p, opts, false), token_starts(p, opts, true), opts.varlen()};
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                 std::optional<double> scale, bool causal, int64_t window_left,
-                                                 int64_t window_right, double softcap,
-                                                 const std::optional<at::Tensor>& cu_seqlens_q,
-                                                 const std::optional<at::Tensor>& cu_seqlens_k,
-                                                 std::optional<int64_t> max_seqlen_q,
-                                                 std::optional<int64_t> max_seqlen_k) {
-  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap,
-                                                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  const AttentionShape shape = check_attention_inputs("attn_ops.attention", q, k, v, opts);
-  at::Tensor out = at::empty_symint(attention_out_shape(shape), q.options());
-  at::Tensor lse =
-      at::empty_symint(attention_lse_shape(shape), q.options().dtype(attention_lse_dtype(q.scalar_type())));
-  const AttentionProblem p = make_problem(shape, opts);
-  const Layouts layouts = make_layouts(p, opts);
+void attention_cpu(const AttentionPrep& prep, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& out, const at::Tensor& lse) {
+  const AttentionProblem p = make_problem(prep);
+  const Layouts layouts = make_layouts(p, prep.opts);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
     using acc_t = acc_type<scalar_t>;
     attention_forward_kernel<scalar_t, acc_t>(
@@ -115,25 +107,14 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
         out.mutable_data_ptr<scalar_t>(), layouts.tokens(out, p, false), lse.mutable_data_ptr<acc_t>(),
         layouts.lse(lse, p));
   });
-  return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
-    int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-    std::optional<int64_t> max_seqlen_k) {
-  const char* op = "attn_ops.attention_backward";
-  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap,
-                                                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  const AttentionShape shape = check_attention_inputs(op, q, k, v, opts);
-  check_attention_backward_inputs(op, shape, q, dout, out, lse, dlse);
-  at::Tensor dq = at::empty(q.sizes(), q.options());
-  at::Tensor dk = at::empty(k.sizes(), k.options());
-  at::Tensor dv = at::empty(v.sizes(), v.options());
-  const AttentionProblem p = make_problem(shape, opts);
-  const Layouts layouts = make_layouts(p, opts);
+void attention_backward_cpu(const AttentionPrep& prep, const at::Tensor& dout, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                            const std::optional<at::Tensor>& dlse, const at::Tensor& dq, const at::Tensor& dk,
+                            const at::Tensor& dv) {
+  const AttentionProblem p = make_problem(prep);
+  const Layouts layouts = make_layouts(p, prep.opts);
   // lse and dlse are read through one layout; make them share strides.
   const at::Tensor lse_c = lse.contiguous();
   const std::optional<at::Tensor> dlse_c = dlse.has_value() ? std::optional(dlse->contiguous()) : std::nullopt;
@@ -148,7 +129,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
         dq.mutable_data_ptr<scalar_t>(), layouts.tokens(dq, p, false), dk.mutable_data_ptr<scalar_t>(),
         layouts.tokens(dk, p, true), dv.mutable_data_ptr<scalar_t>(), layouts.tokens(dv, p, true));
   });
-  return {dq, dk, dv};
 }
 
 // Int32 [batch] per-row values (cache_batch_idx, cache_leftpad), or `fallback(b)` when not given.
@@ -190,18 +170,12 @@ KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor* block_table, c
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                                     const std::optional<at::Tensor>& block_table, double scale,
-                                                     bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap, const KvCacheRows& rows) {
+void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table, double scale,
+                       bool causal, int64_t window_left, int64_t window_right, double softcap, const KvCacheRows& rows,
+                       const at::Tensor& out, const at::Tensor& lse) {
   const bool packed = rows.packed();
   const int64_t batch = cache_seqlens.size(0), heads_q = q.size(-2), tokens_q = packed ? q.size(0) : q.size(1);
-  const auto out_shape = packed ? std::vector<int64_t>{tokens_q, heads_q, v_cache.size(3)}
-                                : std::vector<int64_t>{batch, tokens_q, heads_q, v_cache.size(3)};
-  const auto lse_shape = packed ? std::vector<int64_t>{heads_q, tokens_q} : std::vector<int64_t>{batch, heads_q, tokens_q};
-  at::Tensor out = at::empty(out_shape, q.options());
-  at::Tensor lse = at::empty(lse_shape, q.options().dtype(attention_lse_dtype(q.scalar_type())));
 
   // Row b's keys are cache positions first_key[b] .. cache_seqlens[b] - 1 of cache row cache_row[b]; its
   // queries are the last len_q[b] of them (bottom-right alignment).
@@ -245,12 +219,11 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
            cache_layout(v_cache, table_ptr, cache_row, first_key, left_padded), out.mutable_data_ptr<scalar_t>(),
            tokens(out), lse.mutable_data_ptr<acc_t>(), lse_layout);
   });
-  return {out, lse};
 }
 
 TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
-  m.impl("attention", &attention_cpu);
-  m.impl("attention_backward", &attention_backward_cpu);
+  m.impl("attention", &attention_on<attention_cpu>);
+  m.impl("attention_backward", &attention_backward_on<attention_backward_cpu>);
   m.impl("attention_with_kvcache", &attention_with_kvcache_on<kvcache_attention>);
 }
 

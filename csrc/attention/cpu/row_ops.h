@@ -3,6 +3,8 @@
 // lives in an inline namespace named after it, as at::vec does, so each ISA's copy is a distinct symbol.
 #pragma once
 
+#include "common/acc_type.h"
+
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -16,10 +18,6 @@
 
 namespace attn_ops::cpu {
 inline namespace CPU_CAPABILITY {
-
-// Accumulation type: float for every input dtype but float64.
-template <typename scalar_t>
-using acc_type = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
 template <typename T>
 using Vec = at::vec::Vectorized<T>;

@@ -1,10 +1,11 @@
-// CUDA kernels of attention / attention_backward / attention_with_kvcache: the shared validation, output
-// allocation, and the device-side problem description handed to the launchers (attention_launch.cu).
+// CUDA backend of attention / attention_backward / attention_with_kvcache: the prepared problem (shared
+// preparation and output allocation in attention/entry.h) turned into the device-side problem description
+// handed to the launchers (attention_launch.cu).
 // Nothing here reads a tensor's values on the host except, for varlen without max_seqlen_q / max_seqlen_k,
 // the longest sequences (one copy); the values of index tensors are checked on the device
 // (common/cuda/index_checks.h).
 #include "attention/cuda/attention_cuda.h"
-#include "attention/kvcache_entry.h"
+#include "attention/entry.h"
 #include "attention/validation.h"
 #include "common/checks.h"
 #include "common/cuda/index_checks.h"
@@ -93,38 +94,39 @@ std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t max_len_
   if (a.splits == 1) {
     return {};
   }
-  const auto acc = options.dtype(c10::CppTypeToScalarType<acc_t<T>>::value);
+  const auto acc = options.dtype(c10::CppTypeToScalarType<acc_type<T>>::value);
   at::Tensor out = at::empty({a.splits, a.batch, a.max_len_q, a.heads_q, a.dim_v}, acc);
   at::Tensor lse = at::empty({a.splits, a.batch, a.max_len_q, a.heads_q}, acc);
-  a.partial_out = out.mutable_data_ptr<acc_t<T>>();
-  a.partial_lse = lse.mutable_data_ptr<acc_t<T>>();
+  a.partial_out = out.mutable_data_ptr<acc_type<T>>();
+  a.partial_lse = lse.mutable_data_ptr<acc_type<T>>();
   return {out, lse};
 }
 
 // ForwardArgs with its tensors' data set (the rest left to the caller).
 template <typename T>
-ForwardArgs<T> forward_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                               at::Tensor& lse) {
+ForwardArgs<T> forward_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                               const at::Tensor& lse) {
   ForwardArgs<T> a{};
   a.q = q.const_data_ptr<T>();
   a.k = k.const_data_ptr<T>();
   a.v = v.const_data_ptr<T>();
   a.out = out.mutable_data_ptr<T>();
-  a.lse = lse.mutable_data_ptr<acc_t<T>>();
+  a.lse = lse.mutable_data_ptr<acc_type<T>>();
   return a;
 }
 
 // The fields ForwardArgs and BackwardArgs share for attention / attention_backward: sequences (cu_q, cu_k:
 // contiguous cu_seqlens, undefined when dense), window, logit, sizes.
 template <typename Args>
-void set_problem(Args& a, const AttentionShape& shape, const AttentionOptions& opts, const at::Tensor& cu_q,
-                 const at::Tensor& cu_k) {
+void set_problem(Args& a, const AttentionPrep& prep, const at::Tensor& cu_q, const at::Tensor& cu_k) {
   using A = decltype(a.logit.scale);
+  const AttentionShape& shape = prep.shape;
+  const AttentionOptions& opts = prep.opts;
   const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
   a.seqs = SeqInfo{cu_q.defined() ? cu_q.const_data_ptr<int32_t>() : nullptr,
                    cu_k.defined() ? cu_k.const_data_ptr<int32_t>() : nullptr, nullptr, total_q, total_k};
   a.window = make_window(opts.window_left, opts.effective_window_right(), std::max(total_q, total_k));
-  a.logit = Logit<A>{static_cast<A>(attention_scale(shape, opts)), static_cast<A>(opts.softcap)};
+  a.logit = Logit<A>{static_cast<A>(prep.scale()), static_cast<A>(opts.softcap)};
   a.batch = shape.batch.expect_int();
   a.heads_q = shape.heads_q.expect_int();
   a.group = a.heads_q / shape.heads_kv.expect_int();
@@ -132,26 +134,17 @@ void set_problem(Args& a, const AttentionShape& shape, const AttentionOptions& o
   a.dim_v = shape.head_dim_v.expect_int();
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  std::optional<double> scale, bool causal, int64_t window_left,
-                                                  int64_t window_right, double softcap,
-                                                  const std::optional<at::Tensor>& cu_seqlens_q,
-                                                  const std::optional<at::Tensor>& cu_seqlens_k,
-                                                  std::optional<int64_t> max_seqlen_q,
-                                                  std::optional<int64_t> max_seqlen_k) {
-  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap,
-                                                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  const AttentionShape shape = check_attention_inputs("attn_ops.attention", q, k, v, opts);
+void attention_cuda(const AttentionPrep& prep, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& out, const at::Tensor& lse) {
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty_symint(attention_out_shape(shape), q.options());
-  at::Tensor lse =
-      at::empty_symint(attention_lse_shape(shape), q.options().dtype(attention_lse_dtype(q.scalar_type())));
+  const AttentionShape& shape = prep.shape;
   const bool varlen = shape.varlen;
   const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
-  const at::Tensor cu_q = varlen ? cu_seqlens_q->contiguous() : at::Tensor();
-  const at::Tensor cu_k = varlen ? cu_seqlens_k->contiguous() : at::Tensor();
+  const at::Tensor cu_q = varlen ? prep.opts.cu_seqlens_q->contiguous() : at::Tensor();
+  const at::Tensor cu_k = varlen ? prep.opts.cu_seqlens_k->contiguous() : at::Tensor();
   const std::pair<int64_t, int64_t> longest =
-      varlen ? checked_longest_sequences("attn_ops.attention", cu_q, cu_k, shape, opts) : std::pair{total_q, total_k};
+      varlen ? checked_longest_sequences("attn_ops.attention", cu_q, cu_k, shape, prep.opts)
+             : std::pair{total_q, total_k};
   const int64_t max_len_q = longest.first, max_len_k = longest.second;
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
@@ -161,42 +154,33 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
     a.k_layout.rows = token_layout(k, varlen);
     a.v_layout.rows = token_layout(v, varlen);
     a.lse_layout = lse_layout(lse, varlen);
-    set_problem(a, shape, opts, cu_q, cu_k);
+    set_problem(a, prep, cu_q, cu_k);
     a.max_len_q = max_len_q;
     [[maybe_unused]] const auto partials = set_splits(a, max_len_k, q.options());
     launch_attention_forward(a);
   });
-  return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
-    int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-    std::optional<int64_t> max_seqlen_k) {
-  const char* op = "attn_ops.attention_backward";
-  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap,
-                                                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  const AttentionShape shape = check_attention_inputs(op, q, k, v, opts);
-  check_attention_backward_inputs(op, shape, q, dout, out, lse, dlse);
+void attention_backward_cuda(const AttentionPrep& prep, const at::Tensor& dout, const at::Tensor& q,
+                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                             const std::optional<at::Tensor>& dlse, const at::Tensor& dq, const at::Tensor& dk,
+                             const at::Tensor& dv) {
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor dq = at::empty(q.sizes(), q.options());
-  at::Tensor dk = at::empty(k.sizes(), k.options());
-  at::Tensor dv = at::empty(v.sizes(), v.options());
+  const AttentionShape& shape = prep.shape;
   // lse, dlse and the delta scratch are read through one layout.
   const at::Tensor lse_c = lse.contiguous();
   const at::Tensor dlse_c = dlse.has_value() ? dlse->contiguous() : at::Tensor();
   at::Tensor delta = at::empty_like(lse_c);
   const bool varlen = shape.varlen;
   const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
-  const at::Tensor cu_q = varlen ? cu_seqlens_q->contiguous() : at::Tensor();
-  const at::Tensor cu_k = varlen ? cu_seqlens_k->contiguous() : at::Tensor();
+  const at::Tensor cu_q = varlen ? prep.opts.cu_seqlens_q->contiguous() : at::Tensor();
+  const at::Tensor cu_k = varlen ? prep.opts.cu_seqlens_k->contiguous() : at::Tensor();
   const std::pair<int64_t, int64_t> longest =
-      varlen ? checked_longest_sequences(op, cu_q, cu_k, shape, opts) : std::pair{total_q, total_k};
+      varlen ? checked_longest_sequences("attn_ops.attention_backward", cu_q, cu_k, shape, prep.opts)
+             : std::pair{total_q, total_k};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_backward", [&] {
-    using A = acc_t<scalar_t>;
+    using A = acc_type<scalar_t>;
     BackwardArgs<scalar_t> a{};
     a.q = q.const_data_ptr<scalar_t>();
     a.k = k.const_data_ptr<scalar_t>();
@@ -218,7 +202,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     a.dk_layout = token_layout(dk, varlen);
     a.dv_layout = token_layout(dv, varlen);
     a.lse_layout = lse_layout(lse_c, varlen);
-    set_problem(a, shape, opts, cu_q, cu_k);
+    set_problem(a, prep, cu_q, cu_k);
     a.heads_kv = shape.heads_kv.expect_int();
     a.max_len_q = longest.first;
     a.max_len_k = longest.second;
@@ -243,7 +227,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     }
     launch_attention_backward(a);
   });
-  return {dq, dk, dv};
 }
 
 // [rows, capacity, heads, dim] rows, or [num_blocks, block_size, heads, dim] blocks through block_table;
@@ -271,19 +254,14 @@ KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor& block_table, c
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                                     const std::optional<at::Tensor>& block_table, double scale,
-                                                     bool causal, int64_t window_left, int64_t window_right,
-                                                     double softcap, const KvCacheRows& rows) {
+void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table, double scale,
+                       bool causal, int64_t window_left, int64_t window_right, double softcap, const KvCacheRows& rows,
+                       const at::Tensor& out, const at::Tensor& lse) {
   const c10::cuda::CUDAGuard guard(q.device());
   const bool packed = rows.packed();
   const int64_t batch = cache_seqlens.size(0), heads_q = q.size(-2), tokens_q = packed ? q.size(0) : q.size(1);
   const int64_t dim_v = v_cache.size(3);
-  at::Tensor out = packed ? at::empty({tokens_q, heads_q, dim_v}, q.options())
-                          : at::empty({batch, tokens_q, heads_q, dim_v}, q.options());
-  at::Tensor lse = at::empty(packed ? std::vector<int64_t>{heads_q, tokens_q} : std::vector<int64_t>{batch, heads_q, tokens_q},
-                             q.options().dtype(attention_lse_dtype(q.scalar_type())));
   const at::Tensor lens = cache_seqlens.contiguous();
   const at::Tensor table = block_table.has_value() ? block_table->contiguous() : at::Tensor();
   const int64_t capacity = table.defined() ? table.size(1) * k_cache.size(1) : k_cache.size(1);
@@ -297,7 +275,7 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
   const at::Tensor first_key = rows.cache_leftpad.has_value() ? rows.cache_leftpad->contiguous() : at::Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
-    using A = acc_t<scalar_t>;
+    using A = acc_type<scalar_t>;
     ForwardArgs<scalar_t> a = forward_tensors<scalar_t>(q, k_cache, v_cache, out, lse);
     a.q_layout = token_layout(q, packed);
     a.out_layout = token_layout(out, packed);
@@ -319,7 +297,6 @@ std::tuple<at::Tensor, at::Tensor> kvcache_attention(const at::Tensor& q, const 
     [[maybe_unused]] const auto partials = set_splits(a, capacity, q.options());
     launch_attention_forward(a);
   });
-  return {out, lse};
 }
 
 void check_kvcache_values_on_device(const char* op, const char* cache_name, const at::Tensor& k_cache,
@@ -350,8 +327,8 @@ constexpr char kKvCacheName[] = "k_cache";
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
-  m.impl("attention", &attention_cuda);
-  m.impl("attention_backward", &attention_backward_cuda);
+  m.impl("attention", &attention_on<attention_cuda>);
+  m.impl("attention_backward", &attention_backward_on<attention_backward_cuda>);
   m.impl("attention_with_kvcache", &attention_with_kvcache_on<checked_kvcache_attention<kKvCacheAttentionOp, kKvCacheName>>);
 }
 

@@ -14,7 +14,7 @@ namespace attn_ops::cuda {
 // delta for every (b, i, h) row. grid row_grid(max_len_q * heads_q, batch).
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_delta_kernel(const BackwardArgs<T> a) {
-  using A = acc_t<T>;
+  using A = acc_type<T>;
   const int lane = threadIdx.x % kWarpSize;
   WarpRow r;
   if (!warp_row(a.seqs, a.heads_q, a.max_len_q, /*keys=*/false, &r)) {
@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_delta_kernel(co
 
 // dot(x, y) over `dim` features, the row x held per lane (every 32nd feature), y read from memory.
 template <typename T, int N>
-__device__ __forceinline__ acc_t<T> row_dot(const acc_t<T> (&x)[N], const T* y, int64_t dim) {
-  acc_t<T> sum = 0;
+__device__ __forceinline__ acc_type<T> row_dot(const acc_type<T> (&x)[N], const T* y, int64_t dim) {
+  acc_type<T> sum = 0;
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int e = 0; e < N; ++e) {
@@ -51,17 +51,17 @@ __device__ __forceinline__ acc_t<T> row_dot(const acc_t<T> (&x)[N], const T* y, 
 }
 
 template <typename T, int N>
-__device__ __forceinline__ void load_row(acc_t<T> (&x)[N], const T* src, int64_t dim) {
+__device__ __forceinline__ void load_row(acc_type<T> (&x)[N], const T* src, int64_t dim) {
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int e = 0; e < N; ++e) {
     const int64_t d = e * kWarpSize + lane;
-    x[e] = d < dim ? to_acc(src[d]) : acc_t<T>(0);
+    x[e] = d < dim ? to_acc(src[d]) : acc_type<T>(0);
   }
 }
 
 template <typename T, int N>
-__device__ __forceinline__ void store_row(T* dst, const acc_t<T> (&x)[N], int64_t dim) {
+__device__ __forceinline__ void store_row(T* dst, const acc_type<T> (&x)[N], int64_t dim) {
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int e = 0; e < N; ++e) {
@@ -75,7 +75,7 @@ __device__ __forceinline__ void store_row(T* dst, const acc_t<T> (&x)[N], int64_
 // dQ of every (b, i, h) row. grid row_grid(max_len_q * heads_q, batch).
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dq_kernel(const BackwardArgs<T> a) {
-  using A = acc_t<T>;
+  using A = acc_type<T>;
   const int lane = threadIdx.x % kWarpSize;
   WarpRow r;
   if (!warp_row(a.seqs, a.heads_q, a.max_len_q, /*keys=*/false, &r)) {
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dq_kernel(const
 // key j. grid row_grid(max_len_k * heads_kv, batch).
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dkv_kernel(const BackwardArgs<T> a) {
-  using A = acc_t<T>;
+  using A = acc_type<T>;
   const int lane = threadIdx.x % kWarpSize;
   WarpRow r;
   if (!warp_row(a.seqs, a.heads_kv, a.max_len_k, /*keys=*/true, &r)) {

@@ -51,8 +51,8 @@ __device__ __forceinline__ int64_t partial_index(const ForwardArgs<T>& a, int64_
 // row that saw no key. With splits, into the partial buffers for merge_splits_kernel.
 template <typename T, int N>
 __device__ __forceinline__ void store_forward_row(const ForwardArgs<T>& a, const Seq& s, int64_t b, int64_t i, int64_t h,
-                                          int64_t split, const acc_t<T> (&o)[N], acc_t<T> m, acc_t<T> l) {
-  using A = acc_t<T>;
+                                          int64_t split, const acc_type<T> (&o)[N], acc_type<T> m, acc_type<T> l) {
+  using A = acc_type<T>;
   const int lane = threadIdx.x % kWarpSize;
   // l == 0: no visible key (zeros, -inf); a NaN l (NaN in a score) stays NaN in both.
   const A inv = l != A(0) ? A(1) / l : A(0);
@@ -88,7 +88,7 @@ __device__ __forceinline__ void store_forward_row(const ForwardArgs<T>& a, const
 // grid row_grid(max_len_q * heads_q, batch, splits), block kRowWarps * 32. N = features per lane.
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) forward_rows_kernel(const ForwardArgs<T> a) {
-  using A = acc_t<T>;
+  using A = acc_type<T>;
   const int lane = threadIdx.x % kWarpSize;
   WarpRow r;
   if (!warp_row(a.seqs, a.heads_q, a.max_len_q, /*keys=*/false, &r)) {
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) forward_rows_kernel(cons
 // lse = max + log(sum_s w_s). grid row_grid(max_len_q * heads_q, batch), block kRowWarps * 32.
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps* kWarpSize) merge_splits_kernel(const ForwardArgs<T> a) {
-  using A = acc_t<T>;
+  using A = acc_type<T>;
   const int lane = threadIdx.x % kWarpSize;
   WarpRow r;
   if (!warp_row(a.seqs, a.heads_q, a.max_len_q, /*keys=*/false, &r)) {

@@ -151,7 +151,7 @@ struct Logit {
 // key/value head h / group.
 template <typename T>
 struct ForwardArgs {
-  using A = acc_t<T>;
+  using A = acc_type<T>;
   const T* q;  // [batch, len_q, heads_q, dim_qk] / [total_q, heads_q, dim_qk]
   const T* k;  // [batch, len_k, heads_kv, dim_qk] / [total_k, ...] / [num_blocks, block_size, heads_kv, dim_qk]
   const T* v;  // like k, with dim_v
@@ -197,7 +197,7 @@ namespace attn_ops::cuda {
 // Everything the backward kernels read and write (dense or varlen; no paged keys).
 template <typename T>
 struct BackwardArgs {
-  using A = acc_t<T>;
+  using A = acc_type<T>;
   const T *q, *k, *v, *out, *dout;  // as in ForwardArgs (dout like out)
   const A* lse;                      // LseLayout
   const A* dlse;                     // LseLayout, or null

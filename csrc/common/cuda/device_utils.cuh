@@ -1,6 +1,8 @@
 // Small device helpers shared by the CUDA kernels of every op family.
 #pragma once
 
+#include "common/acc_type.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -14,10 +16,6 @@ namespace attn_ops::cuda {
 
 constexpr int kWarpSize = 32;
 
-// Accumulation type: float for 16-bit and float32 inputs, double for float64.
-template <typename T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 template <typename T>
 __device__ __forceinline__ T warp_sum(T x) {
 #pragma unroll
@@ -28,8 +26,8 @@ __device__ __forceinline__ T warp_sum(T x) {
 }
 
 template <typename T>
-__device__ __forceinline__ acc_t<T> to_acc(T x) {
-  return static_cast<acc_t<T>>(x);
+__device__ __forceinline__ acc_type<T> to_acc(T x) {
+  return static_cast<acc_type<T>>(x);
 }
 
 template <typename A>

@@ -3,6 +3,8 @@
 #include "lightning/cpu/passes.h"
 #include "lightning/validation.h"
 
+#include "common/acc_type.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
@@ -15,9 +17,6 @@ namespace {
 using cpu::PassSpec;
 using cpu::state_view;
 using cpu::token_view;
-
-template <typename scalar_t>
-using acc_of = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
 template <typename T>
 cpu::TokenView<const T> in_view(const at::Tensor& t, bool packed, bool per_kv_head) {
@@ -61,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention_cpu(const at::Tensor& q, 
   at::Tensor final_state = at::empty_symint(p.state_sizes, q.options().dtype(p.state_dtype));  // [B, H, Dk, Dv]
   const at::Tensor slope_c = slope.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_cpu", [&] {
-    using acc_t = acc_of<scalar_t>;
+    using acc_t = acc_type<scalar_t>;
     PassSpec<scalar_t, scalar_t, acc_t> ps;
     ps.qq = in_view<scalar_t>(q, p.varlen, false);
     ps.kk = in_view<scalar_t>(k, p.varlen, true);
@@ -110,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_b
   at::Tensor g1 = at::empty_symint(p.state_sizes, acc_options);                 // G_1 [B, H, Dk, Dv]
   const at::Tensor slope_c = slope.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_backward_cpu", [&] {
-    using acc_t = acc_of<scalar_t>;
+    using acc_t = acc_type<scalar_t>;
     auto base = [&](auto& ps) {
       ps.heads = heads;
       ps.group = heads / heads_kv;
@@ -181,7 +180,7 @@ at::Tensor lightning_attention_decode__cpu(const at::Tensor& q, const at::Tensor
   const at::Tensor slope_c = slope.contiguous();
   const at::Tensor slots = state_indices.has_value() ? state_indices->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_decode_cpu", [&] {
-    using acc_t = acc_of<scalar_t>;
+    using acc_t = acc_type<scalar_t>;
     PassSpec<scalar_t, scalar_t, acc_t> ps;
     ps.qq = in_view<scalar_t>(q, false, false);
     ps.kk = in_view<scalar_t>(k, false, true);

@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention_cuda(const at::Tensor& q,
   at::Tensor final_state = at::empty_symint(p.state_sizes, q.options().dtype(p.state_dtype));  // [B, H, Dk, Dv]
   const at::Tensor slope_c = slope.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_cuda", [&] {
-    using A = acc_t<scalar_t>;
+    using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
     set_problem(a, p, cu_seqlens, slope_c);
     a.qq = in_rows<scalar_t>(q, p.varlen, false);
@@ -126,7 +126,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_b
   at::Tensor g1 = at::empty_symint(p.state_sizes, acc_options);
   const at::Tensor slope_c = slope.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_backward_cuda", [&] {
-    using A = acc_t<scalar_t>;
+    using A = acc_type<scalar_t>;
     {  // dq: forward in time from initial_state^T
       PassArgs<scalar_t, scalar_t, A> a;
       set_problem(a, p, cu_seqlens, slope_c);
@@ -176,7 +176,7 @@ at::Tensor lightning_attention_decode__cuda(const at::Tensor& q, const at::Tenso
   const at::Tensor slope_c = slope.contiguous();
   const at::Tensor slots = state_indices.has_value() ? state_indices->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_decode_cuda", [&] {
-    using A = acc_t<scalar_t>;
+    using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
     set_problem(a, p, std::nullopt, slope_c);
     a.qq = in_rows<scalar_t>(q, false, false);

@@ -2,6 +2,8 @@
 // pairs, in float32 (float64 for float64), from `src` into `dst` (the same tensor for the in-place op).
 #include "rope/validation.h"
 
+#include "common/acc_type.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -35,7 +37,7 @@ std::vector<int64_t> token_offsets(const at::Tensor& x) {
 template <typename scalar_t, typename table_t>
 void rotate(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& cos, const at::Tensor& sin,
             const at::Tensor& positions, bool interleaved, bool inverse) {
-  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  using acc_t = acc_type<scalar_t>;
   const std::vector<int64_t> src_off = token_offsets(src), dst_off = token_offsets(dst);
   const at::Tensor pos = positions.to(at::kLong).contiguous();
   const at::Tensor cos_c = cos.contiguous(), sin_c = sin.contiguous();

@@ -55,7 +55,7 @@ struct RopeArgs {
 // grid-stride over (token, head, j): j < half rotates pair j, j >= half copies feature 2 * half + (j - half).
 template <typename T, typename C, typename P>
 __global__ void rope_kernel(const RopeArgs<T, C, P> a) {
-  using A = acc_t<T>;
+  using A = acc_type<T>;
   const int64_t per_row = a.half + (a.copy_rest ? a.dim - 2 * a.half : 0);
   const int64_t total = a.tokens * a.heads * per_row;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;

@@ -1,13 +1,12 @@
 // Checks of the serving-step arguments (packed queries, cache_batch_idx, cache_leftpad), shared by
 // attention_with_kvcache, mla_decode and the cache writes on every backend.
-#include "attention/serving.h"
+#include "common/serving.h"
 
-#include "attention/validation.h"
 #include "common/checks.h"
+#include "common/index_checks.h"
 
 #include <ATen/ATen.h>
 
-#include <vector>
 
 namespace attn_ops {
 namespace {
@@ -20,15 +19,6 @@ void check_row_vector(const char* op, const char* name, const at::Tensor& t, con
 }
 
 at::Tensor host_int32(const at::Tensor& t) { return t.to(at::kCPU).contiguous(); }
-
-void check_index_range(const char* op, const at::Tensor& idx, int64_t rows, const char* rows_name) {
-  const at::Tensor host = host_int32(idx);
-  const int32_t* v = host.const_data_ptr<int32_t>();
-  for (int64_t b = 0; b < host.numel(); ++b) {
-    TORCH_CHECK(v[b] >= 0 && v[b] < rows, op, ": cache_batch_idx[", b, "] = ", v[b], " is out of range [0, ", rows,
-                ") (the rows of ", rows_name, ")");
-  }
-}
 
 }  // namespace
 
@@ -63,7 +53,7 @@ void check_kvcache_row_values(const char* op, const KvCacheRows& rows, int64_t t
   }
   const at::Tensor idx = rows.cache_batch_idx.has_value() ? host_int32(*rows.cache_batch_idx) : at::Tensor();
   if (idx.defined()) {
-    check_index_range(op, idx, selectable_rows, rows_name);
+    check_batch_idx_values(op, idx, selectable_rows, rows_name, /*distinct=*/false);
   }
   const at::Tensor pad = rows.cache_leftpad.has_value() ? host_int32(*rows.cache_leftpad) : at::Tensor();
   if (pad.defined()) {
@@ -85,16 +75,7 @@ void check_write_batch_idx(const char* op, const at::Tensor& cache_batch_idx, co
   if (!can_read_values(cache_batch_idx) || cache_rows.is_symbolic()) {
     return;
   }
-  const int64_t rows = cache_rows.expect_int();
-  check_index_range(op, cache_batch_idx, rows, ref_name);
-  const at::Tensor host = host_int32(cache_batch_idx);
-  const int32_t* v = host.const_data_ptr<int32_t>();
-  std::vector<int64_t> writer(rows, -1);  // the batch row that writes each cache row
-  for (int64_t b = 0; b < host.numel(); ++b) {
-    TORCH_CHECK(writer[v[b]] < 0, op, ": cache_batch_idx[", b, "] = ", v[b], " repeats cache_batch_idx[", writer[v[b]],
-                "]: the rows of one write must be distinct cache rows");
-    writer[v[b]] = b;
-  }
+  check_batch_idx_values(op, cache_batch_idx, cache_rows.expect_int(), ref_name, /*distinct=*/true);
 }
 
 }  // namespace attn_ops

@@ -1,13 +1,12 @@
-// Argument checks of the MLA ops and their Meta kernels.
+// Argument checks of the MLA ops (and the output shapes of mla_decode), shared by every backend.
 #include "mla/validation.h"
 
-#include "attention/serving.h"
 #include "attention/validation.h"
-#include "cache/validation.h"
 #include "common/checks.h"
+#include "common/index_checks.h"
+#include "common/serving.h"
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 namespace attn_ops {
 namespace {
@@ -91,9 +90,9 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
                          {selected ? "cache_batch_idx" : (paged ? "slot_mapping" : "cache_seqlens"), rows}});
 }
 
-void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
-                             const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                             double scale, const KvCacheRows& rows) {
+OutLseSizes prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
+                               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                               double scale, const KvCacheRows& rows) {
   const char* op = "attn_ops.mla_decode";
   const bool paged = block_table.has_value();
   if (rows.packed()) {
@@ -109,12 +108,7 @@ void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rop
   } else {
     check_rank(op, "latent_cache", latent_cache, 3, "[batch, capacity, kv_lora_rank + rope_dim]");
   }
-  check_float_dtype(op, "q_latent", q_latent);
-  check_same_dtype_device(op, "q_rope", q_rope, "q_latent", q_latent);
-  check_same_dtype_device(op, "latent_cache", latent_cache, "q_latent", q_latent);
-  check_last_dim_contiguous(op, "q_latent", q_latent);
-  check_last_dim_contiguous(op, "q_rope", q_rope);
-  check_last_dim_contiguous(op, "latent_cache", latent_cache);
+  check_float_operands(op, {{"q_latent", q_latent}, {"q_rope", q_rope}, {"latent_cache", latent_cache}});
   const c10::SymIntArrayRef lead = q_latent.sym_sizes().slice(0, q_latent.dim() - 1);
   TORCH_CHECK(q_rope.sym_sizes().slice(0, q_rope.dim() - 1) == lead, op, ": q_rope must have shape ",
               shape_str(lead).insert(shape_str(lead).size() - 1, ", *"),
@@ -149,39 +143,10 @@ void check_mla_decode_inputs(const at::Tensor& q_latent, const at::Tensor& q_rop
                              paged ? *block_table : at::Tensor(), capacity.expect_int(),
                              paged ? latent_cache.size(1) : 0, paged ? latent_cache.size(0) : 0);
   }
-}
-
-namespace {
-
-void mla_cache_append_meta(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
-                           const std::optional<at::Tensor>& cache_seqlens,
-                           const std::optional<at::Tensor>& slot_mapping,
-                           const std::optional<at::Tensor>& cache_batch_idx) {
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
-}
-
-std::tuple<at::Tensor, at::Tensor> mla_decode_meta(const at::Tensor& q_latent, const at::Tensor& q_rope,
-                                                   const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
-                                                   double scale, const std::optional<at::Tensor>& block_table,
-                                                   bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
-                                                   std::optional<int64_t> max_seqlen_q,
-                                                   const std::optional<at::Tensor>& cache_batch_idx,
-                                                   const std::optional<at::Tensor>& cache_leftpad) {
-  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
-  check_mla_decode_inputs(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale, rows);
   const auto& s = q_latent.sym_sizes();
-  const std::vector<c10::SymInt> lse_shape =
-      rows.packed() ? std::vector<c10::SymInt>{s[1], s[0]} : std::vector<c10::SymInt>{s[0], s[2], s[1]};
-  at::Tensor out = at::empty_symint(s, q_latent.options());
-  at::Tensor lse = at::empty_symint(lse_shape, q_latent.options().dtype(attention_lse_dtype(q_latent.scalar_type())));
-  return {out, lse};
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("mla_cache_append", &mla_cache_append_meta);
-  m.impl("mla_decode", &mla_decode_meta);
+  return OutLseSizes{s.vec(),
+                     rows.packed() ? std::vector<c10::SymInt>{s[1], s[0]} : std::vector<c10::SymInt>{s[0], s[2], s[1]},
+                     attention_lse_dtype(q_latent.scalar_type())};
 }
 
 }  // namespace attn_ops

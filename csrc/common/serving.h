@@ -1,6 +1,6 @@
 // The serving-step arguments of the ops that read or write a KV cache: packed (ragged) queries, cache row
 // selection and left padding. Their checks are shared by every backend (CPU, CUDA, Meta) and by the
-// attention and MLA families. Semantics: docs/kvcache_api.md ("Serving batches").
+// attention, MLA and cache families. Semantics: docs/kvcache_api.md ("Serving batches").
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,10 +1,10 @@
-// Argument checks of the rotary embedding ops and their Meta kernels.
+// Argument checks of the rotary embedding ops, shared by every backend.
 #include "rope/validation.h"
 
 #include "common/checks.h"
+#include "common/index_checks.h"
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 namespace attn_ops {
 
@@ -34,21 +34,7 @@ void check_rotary_inputs(const char* op, const at::Tensor& x, const at::Tensor& 
   TORCH_CHECK(2 * cos.sym_size(1) <= x.sym_size(-1), op, ": rotary_dim 2 * ", cos.sym_size(1), " = ",
               2 * cos.sym_size(1), " exceeds head_dim ", x.sym_size(-1));
   if (can_read_values(positions)) {
-    const at::Tensor pos = positions.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* p = pos.const_data_ptr<int64_t>();
-    const int64_t max_positions = cos.size(0);
-    for (int64_t i = 0; i < pos.numel(); ++i) {
-      if (p[i] < 0 || p[i] >= max_positions) {
-        // Name the offending element by its multi-index, e.g. positions[1, 3].
-        std::string index;
-        for (int64_t d = pos.dim() - 1, rest = i; d >= 0; --d) {
-          index = std::to_string(rest % pos.size(d)) + (index.empty() ? "" : ", ") + index;
-          rest /= pos.size(d);
-        }
-        TORCH_CHECK(false, op, ": positions[", index, "] = ", p[i], " is out of range [0, ", max_positions,
-                    ") of the cos/sin table");
-      }
-    }
+    check_position_values(op, positions, cos.size(0));
   }
 }
 
@@ -57,26 +43,6 @@ void check_rotary_inplace_inputs(const at::Tensor& x, const at::Tensor& cos, con
   const char* op = "attn_ops.rotary_embedding_";
   check_rotary_inputs(op, x, cos, sin, positions);
   check_in_place_target(op, {"x", x}, {{"cos", cos}, {"sin", sin}, {"positions", positions}});
-}
-
-namespace {
-
-at::Tensor rotary_embedding_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                 const at::Tensor& positions, bool interleaved, bool inverse) {
-  check_rotary_inputs("attn_ops.rotary_embedding", x, cos, sin, positions);
-  return at::empty_symint(x.sym_sizes(), x.options());
-}
-
-void rotary_embedding__meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            const at::Tensor& positions, bool interleaved, bool inverse) {
-  check_rotary_inplace_inputs(x, cos, sin, positions);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("rotary_embedding", &rotary_embedding_meta);
-  m.impl("rotary_embedding_", &rotary_embedding__meta);
 }
 
 }  // namespace attn_ops

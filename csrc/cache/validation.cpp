@@ -1,12 +1,11 @@
-// Argument checks of kv_cache_append / paged_kv_cache_append and their Meta kernels (checks only: the ops
-// return nothing).
+// Argument checks of kv_cache_append / paged_kv_cache_append, shared by every backend.
 #include "cache/validation.h"
 
-#include "attention/serving.h"
 #include "common/checks.h"
+#include "common/index_checks.h"
+#include "common/serving.h"
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 namespace attn_ops {
 namespace {
@@ -35,26 +34,7 @@ void check_cache_targets(const char* op, const at::Tensor& k_cache, const at::Te
 
 }  // namespace
 
-void check_append_lengths(const char* op, const at::Tensor& cache_seqlens, int64_t added, int64_t capacity) {
-  const at::Tensor lens = cache_seqlens.to(at::kCPU).contiguous();
-  const int32_t* l = lens.const_data_ptr<int32_t>();
-  for (int64_t b = 0; b < lens.numel(); ++b) {
-    TORCH_CHECK(l[b] >= 0, op, ": cache_seqlens[", b, "] = ", l[b], " must be >= 0");
-    TORCH_CHECK(l[b] + added <= capacity, op, ": cache_seqlens[", b, "] = ", l[b], " plus ", added,
-                " new tokens exceeds the cache capacity ", capacity);
-  }
-}
 
-void check_slot_values(const char* op, const at::Tensor& slot_mapping, int64_t num_blocks, int64_t block_size) {
-  const at::Tensor slots = slot_mapping.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* s = slots.const_data_ptr<int64_t>();
-  const int64_t num_slots = num_blocks * block_size;
-  for (int64_t i = 0; i < slots.numel(); ++i) {
-    TORCH_CHECK(s[i] >= -1 && s[i] < num_slots, op, ": slot_mapping[", i, "] = ", s[i],
-                " is out of range: the cache has ", num_slots, " slots (num_blocks ", num_blocks, " x block_size ",
-                block_size, "); -1 skips a token");
-  }
-}
 
 void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                                   const at::Tensor& v, const at::Tensor& cache_seqlens,
@@ -118,26 +98,6 @@ void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Ten
     check_slot_values(op, slot_mapping, k_cache.size(0), k_cache.size(1));
   }
   check_cache_targets(op, k_cache, v_cache, k, v, {"slot_mapping", slot_mapping}, {"slot_mapping", slot_mapping});
-}
-
-namespace {
-
-void kv_cache_append_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                          const at::Tensor& v, const at::Tensor& cache_seqlens,
-                          const std::optional<at::Tensor>& cache_batch_idx) {
-  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx);
-}
-
-void paged_kv_cache_append_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                                const at::Tensor& v, const at::Tensor& slot_mapping) {
-  check_paged_kv_cache_append_inputs(k_cache, v_cache, k, v, slot_mapping);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("kv_cache_append", &kv_cache_append_meta);
-  m.impl("paged_kv_cache_append", &paged_kv_cache_append_meta);
 }
 
 }  // namespace attn_ops

@@ -1,11 +1,12 @@
-// Argument checks and shape rules of attention / attention_backward, shared by every backend,
-// and the Meta kernels (shapes only) that fake-tensor tracing and torch.compile use.
+// Preparation of attention / attention_backward (argument checks, the default scale, the output shapes),
+// shared by every backend, and the checks that every attention-like op shares (head counts and dims, score
+// options).
 #include "attention/validation.h"
 
 #include "common/checks.h"
+#include "common/index_checks.h"
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <limits>
@@ -32,28 +33,17 @@ void check_cu_seqlens_meta(const char* op, const char* name, const at::Tensor& c
 
 }  // namespace
 
-int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu, int64_t total,
-                                const char* tensor_name) {
-  const at::Tensor host = cu.to(at::kCPU).contiguous();
-  const int32_t* c = host.data_ptr<int32_t>();
-  const int64_t n = host.numel();
-  TORCH_CHECK(c[0] == 0, op, ": ", name, " must start at 0, got ", c[0]);
-  int64_t longest = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    TORCH_CHECK(c[i] >= c[i - 1], op, ": ", name, " must be non-decreasing, got ", name, "[", i, "] = ", c[i],
-                " after ", name, "[", i - 1, "] = ", c[i - 1]);
-    longest = std::max<int64_t>(longest, c[i] - c[i - 1]);
-  }
-  TORCH_CHECK(c[n - 1] == total, op, ": ", name, " must end at the number of tokens in ", tensor_name, " (", total,
-              "), got ", c[n - 1]);
-  return longest;
-}
 
-void check_max_seqlen(const char* op, const char* name, const char* cu_name, std::optional<int64_t> max_seqlen,
-                      int64_t longest) {
-  if (max_seqlen.has_value()) {
-    TORCH_CHECK(*max_seqlen >= longest, op, ": ", name, " (", *max_seqlen, ") is smaller than the longest sequence in ",
-                cu_name, " (", longest, ")");
+void check_float_operands(const char* op, std::initializer_list<NamedTensor> operands) {
+  const NamedTensor& first = *operands.begin();
+  check_float_dtype(op, first.name, first.tensor);
+  for (const NamedTensor& other : operands) {
+    if (&other != &first) {
+      check_same_dtype_device(op, other.name, other.tensor, first.name, first.tensor);
+    }
+  }
+  for (const NamedTensor& operand : operands) {
+    check_last_dim_contiguous(op, operand.name, operand.tensor);
   }
 }
 
@@ -86,6 +76,17 @@ void check_score_options(const char* op, c10::ScalarType dtype, std::optional<do
               largest, " (representable in ", acc, "), got ", scale.value_or(0.0));
 }
 
+namespace {
+
+// out: [batch, seqlen_q, heads_q, head_dim_v] or [total_q, heads_q, head_dim_v]; lse: [batch, heads_q,
+// seqlen_q] or [heads_q, total_q].
+OutLseSizes attention_outputs(const AttentionShape& s, c10::ScalarType dtype) {
+  if (s.varlen) {
+    return {{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}, attention_lse_dtype(dtype)};
+  }
+  return {{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q}, attention_lse_dtype(dtype)};
+}
+
 AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const AttentionOptions& opts) {
   TORCH_CHECK(opts.cu_seqlens_q.has_value() == opts.cu_seqlens_k.has_value(), op,
@@ -96,12 +97,7 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
   check_qkv_rank(op, "k", k, varlen, "[batch, seqlen_k, heads_kv, head_dim_qk]", "[total_k, heads_kv, head_dim_qk]");
   check_qkv_rank(op, "v", v, varlen, "[batch, seqlen_k, heads_kv, head_dim_v]", "[total_k, heads_kv, head_dim_v]");
 
-  check_float_dtype(op, "q", q);
-  check_same_dtype_device(op, "k", k, "q", q);
-  check_same_dtype_device(op, "v", v, "q", q);
-  check_last_dim_contiguous(op, "q", q);
-  check_last_dim_contiguous(op, "k", k);
-  check_last_dim_contiguous(op, "v", v);
+  check_float_operands(op, {{"q", q}, {"k", k}, {"v", v}});
 
   AttentionShape s;
   s.varlen = varlen;
@@ -159,9 +155,10 @@ AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const
 void check_attention_backward_inputs(const char* op, const AttentionShape& shape, const at::Tensor& q,
                                      const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
                                      const std::optional<at::Tensor>& dlse) {
-  const std::vector<c10::SymInt> out_shape = attention_out_shape(shape);
-  const std::vector<c10::SymInt> lse_shape = attention_lse_shape(shape);
-  const c10::ScalarType lse_dtype = attention_lse_dtype(q.scalar_type());
+  const OutLseSizes sizes = attention_outputs(shape, q.scalar_type());
+  const std::vector<c10::SymInt>& out_shape = sizes.out;
+  const std::vector<c10::SymInt>& lse_shape = sizes.lse;
+  const c10::ScalarType lse_dtype = sizes.lse_dtype;
   TORCH_CHECK(out.sym_sizes() == c10::SymIntArrayRef(out_shape), op, ": out must have shape ", shape_str(out_shape),
               ", got ", shape_str(out));
   TORCH_CHECK(dout.sym_sizes() == out.sym_sizes(), op, ": dout must have shape ", shape_str(out_shape),
@@ -182,77 +179,57 @@ void check_attention_backward_inputs(const char* op, const AttentionShape& shape
   }
 }
 
-std::vector<c10::SymInt> attention_out_shape(const AttentionShape& s) {
-  if (s.varlen) {
-    return {s.seqlen_q, s.heads_q, s.head_dim_v};
-  }
-  return {s.batch, s.seqlen_q, s.heads_q, s.head_dim_v};
-}
-
-std::vector<c10::SymInt> attention_lse_shape(const AttentionShape& s) {
-  if (s.varlen) {
-    return {s.heads_q, s.seqlen_q};
-  }
-  return {s.batch, s.heads_q, s.seqlen_q};
-}
+}  // namespace
 
 c10::ScalarType attention_lse_dtype(c10::ScalarType input_dtype) {
   return input_dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-double attention_scale(const AttentionShape& shape, const AttentionOptions& opts) {
-  if (opts.scale.has_value()) {
-    return *opts.scale;
+double resolve_scale(std::optional<double> scale, const c10::SymInt& head_dim) {
+  if (scale.has_value()) {
+    return *scale;
   }
-  return 1.0 / std::sqrt(static_cast<double>(shape.head_dim_qk.guard_int(__FILE__, __LINE__)));
+  return 1.0 / std::sqrt(static_cast<double>(head_dim.guard_int(__FILE__, __LINE__)));
 }
 
-AttentionOptions make_attention_options(std::optional<double> scale, bool causal, int64_t window_left,
-                                        int64_t window_right, double softcap,
-                                        const std::optional<at::Tensor>& cu_seqlens_q,
-                                        const std::optional<at::Tensor>& cu_seqlens_k,
-                                        std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
-  return AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
-                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+std::tuple<at::Tensor, at::Tensor> empty_out_lse(const OutLseSizes& sizes, const at::TensorOptions& options) {
+  return {at::empty_symint(sizes.out, options), at::empty_symint(sizes.lse, options.dtype(sizes.lse_dtype))};
 }
 
-namespace {
-
-std::tuple<at::Tensor, at::Tensor> attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  std::optional<double> scale, bool causal, int64_t window_left,
-                                                  int64_t window_right, double softcap,
-                                                  const std::optional<at::Tensor>& cu_seqlens_q,
-                                                  const std::optional<at::Tensor>& cu_seqlens_k,
-                                                  std::optional<int64_t> max_seqlen_q,
-                                                  std::optional<int64_t> max_seqlen_k) {
-  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  const AttentionShape shape = check_attention_inputs("attn_ops.attention", q, k, v, opts);
-  at::Tensor out = at::empty_symint(attention_out_shape(shape), q.options());
-  at::Tensor lse = at::empty_symint(attention_lse_shape(shape), q.options().dtype(attention_lse_dtype(q.scalar_type())));
-  return {out, lse};
+AttentionPrep prepare_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
+                                double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
+                                const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
+                                std::optional<int64_t> max_seqlen_k) {
+  AttentionPrep prep;
+  prep.opts = AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
+                               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  prep.shape = check_attention_inputs("attn_ops.attention", q, k, v, prep.opts);
+  prep.outputs = attention_outputs(prep.shape, q.scalar_type());
+  return prep;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_meta(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
-    int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-    std::optional<int64_t> max_seqlen_k) {
+AttentionPrep prepare_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                         const std::optional<at::Tensor>& dlse, std::optional<double> scale,
+                                         bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                         const std::optional<at::Tensor>& cu_seqlens_q,
+                                         const std::optional<at::Tensor>& cu_seqlens_k,
+                                         std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
   const char* op = "attn_ops.attention_backward";
-  const AttentionOptions opts = make_attention_options(scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  const AttentionShape shape = check_attention_inputs(op, q, k, v, opts);
-  check_attention_backward_inputs(op, shape, q, dout, out, lse, dlse);
+  AttentionPrep prep;
+  prep.opts = AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
+                               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  prep.shape = check_attention_inputs(op, q, k, v, prep.opts);
+  check_attention_backward_inputs(op, prep.shape, q, dout, out, lse, dlse);
+  prep.outputs = attention_outputs(prep.shape, q.scalar_type());
+  return prep;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_attention_grads(const at::Tensor& q, const at::Tensor& k,
+                                                                     const at::Tensor& v) {
   return {at::empty_symint(q.sym_sizes(), q.options()), at::empty_symint(k.sym_sizes(), k.options()),
           at::empty_symint(v.sym_sizes(), v.options())};
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
-  m.impl("attention", &attention_meta);
-  m.impl("attention_backward", &attention_backward_meta);
 }
 
 }  // namespace attn_ops
