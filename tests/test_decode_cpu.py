@@ -1,8 +1,11 @@
 """The CPU decode kernel (csrc/attention/cpu/decode_*.cpp) against the float64 reference.
 
 attention_with_kvcache and mla_decode take the decode kernel when every row has at most 32 query
-rows per KV head (Tq x Hq / Hkv <= 32), else the tiled prefill kernel. The decode kernel is
-compiled once per instruction set (portable at::vec, AVX2, AVX-512) and picked at run time from
+rows per KV head (Tq x Hq / Hkv <= 32), else the tiled prefill kernel. The decode kernel has two
+row kernels, picked per sequence by its rows per KV head: below 8 it streams K/V through register
+dot products, from 8 on (MLA, large groups) it runs each key tile as two BLAS GEMMs on the tile in
+place (float32 / float64, evenly spaced rows) or on a converted copy; the cases cover both sides
+of 8 in every dtype. Both are compiled once per instruction set (portable at::vec, AVX2, AVX-512) and picked at run time from
 PyTorch's CPU capability, which ATEN_CPU_CAPABILITY lowers: test_each_instruction_set reruns this
 file's cases in a subprocess for every capability this CPU has, so each path meets the reference.
 
@@ -55,6 +58,12 @@ CASES = {
     "tq4_causal_rows32": (2, 4, 16, 2, 64, 64, [70, 3], 16, {}),
     "tq3_rows33_tiled": (1, 3, 11, 1, 64, 64, [50], None, {}),
     "empty_rows": (3, 1, 4, 2, 64, 64, [0, 9, 0], None, {}),
+    # Around the GEMM kernel's threshold of 8 rows per KV head.
+    "rows7_stream": (2, 1, 7, 1, 64, 64, [130, 64], None, {}),
+    "rows8_gemm_dk80_dv48": (2, 1, 16, 2, 80, 48, [150, 7], None, {}),
+    "rows16_gemm_splits": (1, 1, 16, 1, 64, 64, [3001], None, {}),
+    "rows16_gemm_paged64": (2, 1, 16, 1, 32, 32, [300, 129], 64, {}),
+    "rows16_gemm_empty_rows": (3, 1, 16, 1, 64, 64, [0, 9, 0], None, {}),
 }
 
 
@@ -85,11 +94,13 @@ def test_mla_decode_latent_rows(dtype, block_size):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("where", ["q", "k", "v"])
-def test_nan_reaches_only_its_rows(dtype, where):
+@pytest.mark.parametrize("hq", [8, 32], ids=["stream", "gemm"])
+def test_nan_reaches_only_its_rows(dtype, where, hq):
     """A NaN in q reaches its head's row, in k every row of its KV head, in v one feature of them;
-    the other KV head stays finite; with and without key splits."""
+    the other KV head stays finite; with and without key splits; groups of 4 and 16 (both kernels)."""
+    G = hq // 2
     for lens in ([150, 90], [3000, 2]):
-        q, kc, vc, seqlens, _ = kvcache_inputs(2, 1, 8, 2, 64, 64, lens, dtype=dtype)
+        q, kc, vc, seqlens, _ = kvcache_inputs(2, 1, hq, 2, 64, 64, lens, dtype=dtype)
         t = {"q": q, "k": kc, "v": vc}[where]
         t[0, 0 if where == "q" else 100, 0, 5] = float("nan")
         out, lse = attn_ops.attention_with_kvcache(q, kc, vc, seqlens)
@@ -97,11 +108,11 @@ def test_nan_reaches_only_its_rows(dtype, where):
             assert torch.isnan(out[0, 0, 0]).all() and torch.isnan(lse[0, 0, 0])
             assert torch.isfinite(out[0, 0, 1:]).all() and torch.isfinite(lse[0, 1:]).all()
         elif where == "k":
-            assert torch.isnan(out[0, 0, :4]).all() and torch.isnan(lse[0, :4]).all()
-            assert torch.isfinite(out[0, 0, 4:]).all() and torch.isfinite(lse[0, 4:]).all()
+            assert torch.isnan(out[0, 0, :G]).all() and torch.isnan(lse[0, :G]).all()
+            assert torch.isfinite(out[0, 0, G:]).all() and torch.isfinite(lse[0, G:]).all()
         else:
-            assert torch.isnan(out[0, 0, :4, 5]).all() and torch.isfinite(lse).all()
-            assert torch.isfinite(out[0, 0, :4, :5]).all() and torch.isfinite(out[0, 0, 4:]).all()
+            assert torch.isnan(out[0, 0, :G, 5]).all() and torch.isfinite(lse).all()
+            assert torch.isfinite(out[0, 0, :G, :5]).all() and torch.isfinite(out[0, 0, G:]).all()
         assert torch.isfinite(out[1]).all()
 
 

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attn_ops::cpu {
@@ -35,31 +36,33 @@ Isa this_cpu_isa() {
   return isa;
 }
 
-// The row kernel of the best instruction set this CPU has.
+// The row kernels of the best instruction set this CPU has: streaming and GEMM.
 template <typename scalar_t, typename acc_t>
-DecodeRowsFn<scalar_t, acc_t> decode_rows_for_this_cpu() {
+std::pair<DecodeRowsFn<scalar_t, acc_t>, DecodeRowsFn<scalar_t, acc_t>> decode_rows_for_this_cpu() {
 #ifdef ATTN_OPS_DECODE_X86
   switch (this_cpu_isa()) {
     case Isa::kAvx512:
-      return &decode_avx512::decode_rows<scalar_t, acc_t>;
+      return {&decode_avx512::decode_rows<scalar_t, acc_t>, &decode_avx512::decode_rows_gemm<scalar_t, acc_t>};
     case Isa::kAvx2:
-      return &decode_avx2::decode_rows<scalar_t, acc_t>;
+      return {&decode_avx2::decode_rows<scalar_t, acc_t>, &decode_avx2::decode_rows_gemm<scalar_t, acc_t>};
     case Isa::kDefault:
       break;
   }
 #endif
-  return &decode_default::decode_rows<scalar_t, acc_t>;
+  return {&decode_default::decode_rows<scalar_t, acc_t>, &decode_default::decode_rows_gemm<scalar_t, acc_t>};
 }
 
 template <typename scalar_t, typename acc_t>
 struct DecodeScratch {
-  std::vector<acc_t> q, scores, row_max, row_sum, out, lse;
+  std::vector<acc_t> q, scores, key_tile, value_tile, row_max, row_sum, out, lse;
   std::vector<int64_t> key_lo, key_hi;
   std::vector<const scalar_t*> key_rows, value_rows;
-  DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv)
-      : q(heads * rows * dqk), scores(rows * kDecodeChunk), row_max(heads * rows), row_sum(heads * rows),
-        out(heads * rows * dv), lse(heads * rows),
-        key_lo(rows), key_hi(rows), key_rows(2 * kDecodeChunk), value_rows(2 * kDecodeChunk) {}
+  // gemm_tile: decode_rows_gemm's keys per tile, 0 where it does not run (it needs the converted tiles).
+  DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile)
+      : q(heads * rows * dqk), scores(rows * std::max(kDecodeChunk, gemm_tile)), key_tile(gemm_tile * dqk),
+        value_tile(gemm_tile * dv), row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv),
+        lse(heads * rows), key_lo(rows), key_hi(rows), key_rows(2 * std::max(kDecodeChunk, gemm_tile)),
+        value_rows(2 * std::max(kDecodeChunk, gemm_tile)) {}
 };
 
 template <typename scalar_t>
@@ -108,12 +111,14 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
   const int64_t rows_total = p.total_q * Hq;
   std::vector<acc_t> part_out(splits > 1 ? splits * rows_total * Dv : 0);
   std::vector<acc_t> part_lse(splits > 1 ? splits * rows_total : 0);
-  const DecodeRowsFn<scalar_t, acc_t> decode_rows = decode_rows_for_this_cpu<scalar_t, acc_t>();
+  const auto [stream_rows, gemm_rows] = decode_rows_for_this_cpu<scalar_t, acc_t>();
   const acc_t scale = static_cast<acc_t>(p.scale);
   const CacheRows<scalar_t> cache{k, &k_layout, v, &v_layout};
 
   parallel_items(
-      items * splits, flops, [&] { return DecodeScratch<scalar_t, acc_t>(p.heads_kv, max_rows, Dqk, Dv); },
+      items * splits, flops, [&] {
+        return DecodeScratch<scalar_t, acc_t>(p.heads_kv, max_rows, Dqk, Dv, max_rows >= kGemmDecodeRows ? kGemmDecodeTile : 0);
+      },
       [&](int64_t item, DecodeScratch<scalar_t, acc_t>& s) {
         const int64_t split = item % splits, b = item / splits, Hkv = p.heads_kv;
         const int64_t positions = p.len_q[b], rows = positions * G;
@@ -147,14 +152,18 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.k_begin = k_begin;
         a.k_end = k_end;
         a.softcap = static_cast<acc_t>(p.softcap);
+        const bool use_gemm = rows >= kGemmDecodeRows;
+        a.tile = use_gemm ? kGemmDecodeTile : kDecodeChunk;
         a.scores = s.scores.data();
+        a.key_tile = s.key_tile.data();
+        a.value_tile = s.value_tile.data();
         a.key_rows = s.key_rows.data();
         a.value_rows = s.value_rows.data();
         a.row_max = s.row_max.data();
         a.row_sum = s.row_sum.data();
         a.out = s.out.data();
         a.lse = s.lse.data();
-        decode_rows(a);
+        (use_gemm ? gemm_rows : stream_rows)(a);
         for (int64_t gr = 0; gr < Hkv * rows; ++gr) {
           const int64_t g = gr / rows, r = gr % rows, pos = r / G, h = g * G + r % G;
           if (splits == 1) {

@@ -1,15 +1,18 @@
-// The decode row kernel: one (sequence, KV head) work item over a range of keys. Each K and V row of the
-// cache is read once per key tile for all query rows of the group (the heads of a GQA group, MLA's heads),
+// The decode row kernels: one (sequence, KV heads) work item over a range of keys. Each K and V row of the
+// cache is read once per key tile for all query rows of the group (the heads of a GQA group, MLA's heads).
+// decode_rows (few rows, memory-bound) keeps the tile in the cache's dtype,
 // converted to the accumulation type in registers (bfloat16 / float16 widened by at::vec loads, no
 // converted copy of the tile), and multiplied into register-blocked accumulators:
 //   scores[rows, keys]  : blocks of kRowBlock rows x kKeyBlock keys, summed over the head dim
 //   out[rows, dim_v]    : blocks of kRowBlock rows x kValueBlock vectors, summed over the tile's keys
-// with the online softmax (row_ops.h) in between.
+// with the online softmax (row_ops.h) in between. decode_rows_gemm (many rows, compute-bound: MLA) runs the
+// two products of a tile as GEMMs on the vendor BLAS instead, which reach the matmul rate.
 //
 // Included by decode_isa_*.cpp, each of which sets CPU_CAPABILITY (what at::vec compiles to) and
 // ATTN_OPS_DECODE_NS (the namespace of its copy) first.
 #pragma once
 
+#include "attention/cpu/blas.h"
 #include "attention/cpu/decode_cpu.h"
 #include "attention/cpu/row_ops.h"
 
@@ -21,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
@@ -166,68 +170,49 @@ inline void prefetch_row(const scalar_t* row, int64_t n) {
 #endif
 }
 
-}  // namespace
+// The n rows at rows[j] (dim values each) as row-major acc_t matrices for the BLAS: calls f(j0, len, matrix,
+// ld) for rows j0 .. j0 + len - 1. float32 / float64 rows are passed in place, one matrix per run of equally
+// spaced rows (a paged cache's block ends split a tile); other dtypes are converted into `buffer` [n, dim]
+// and passed as one matrix.
+template <typename scalar_t, typename acc_t, typename F>
+void for_each_run(const scalar_t* const* rows, int64_t n, int64_t dim, acc_t* buffer, const F& f) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    for (int64_t j0 = 0, len = 0; j0 < n; j0 += len) {
+      const int64_t stride = j0 + 1 < n ? rows[j0 + 1] - rows[j0] : dim;
+      for (len = 1; j0 + len < n && rows[j0 + len] - rows[j0 + len - 1] == stride; ++len) {
+      }
+      int64_t ld = 0;
+      const acc_t* m = load_key_tile(rows[j0], stride, len, dim, buffer + j0 * dim, &ld);
+      f(j0, len, m, ld);
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      convert_row(rows[j], buffer + j * dim, dim);
+    }
+    f(int64_t(0), n, static_cast<const acc_t*>(buffer), dim);
+  }
+}
 
-template <typename scalar_t, typename acc_t>
-void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
-  constexpr int64_t W = Vec<acc_t>::size();
-  const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v, all_rows = a.heads * rows;
+// The loop both row kernels share: key tiles outside, heads inside (a BSHD cache is then read in address
+// order, every page once), the online softmax between the two products. tile(head, k0, n) sets a.scores
+// [rows, n] = Q K^T of the tile; then, after the softmax turned them into weights, out(head, n) adds P V.
+template <typename scalar_t, typename acc_t, typename Scores, typename Values>
+void decode_tiles(const DecodeRows<scalar_t, acc_t>& a, const Scores& scores, const Values& values) {
+  const int64_t rows = a.rows, Dv = a.dim_v, all_rows = a.heads * rows;
   fill_row(a.row_max, all_rows, -std::numeric_limits<acc_t>::infinity());
   fill_row(a.row_sum, all_rows, acc_t(0));
   fill_row(a.out, all_rows * Dv, acc_t(0));
-  // Key tiles outside, heads inside: a BSHD cache is then read in address order, every page once.
-  for (int64_t k0 = a.k_begin; k0 < a.k_end; k0 += kDecodeChunk) {
+  for (int64_t k0 = a.k_begin; k0 < a.k_end; k0 += a.tile) {
     for (int64_t head = 0; head < a.heads; ++head) {
-      const acc_t* q = a.q + head * rows * Dqk;
-      acc_t* out = a.out + head * rows * Dv;
-      acc_t* row_max = a.row_max + head * rows;
-      acc_t* row_sum = a.row_sum + head * rows;
-      const int64_t n = std::min(kDecodeChunk, a.k_end - k0);
-      const int64_t n_next = std::min(kDecodeChunk, a.k_end - k0 - n);
-      a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
-      // The next tile's rows, requested while this one computes.
-      for (int64_t j = n; j < n + n_next; ++j) {
-        prefetch_row(a.key_rows[j], Dqk);
-        prefetch_row(a.value_rows[j], Dv);
-      }
-      // scores[rows, n] = Q K^T (q carries the scale)
-      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-        with_block<kRowBlock>(rows - r0, [&](auto rb) {
-          for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
-            with_block<kKeyBlock>(n - j0, [&](auto kb) {
-              score_block<decltype(rb)::value, decltype(kb)::value>(
-                  q + r0 * Dqk, Dqk, a.key_rows + j0, a.scores + r0 * kDecodeChunk + j0, kDecodeChunk);
-            });
-          }
-        });
-      }
+      const int64_t n = std::min(a.tile, a.k_end - k0);
+      scores(head, k0, n);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
         const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
-        online_softmax_step(a.scores + r * kDecodeChunk, n, lo, hi, a.softcap, row_max[r], row_sum[r], out + r * Dv,
-                            Dv);
+        online_softmax_step(a.scores + r * a.tile, n, lo, hi, a.softcap, a.row_max[head * rows + r],
+                            a.row_sum[head * rows + r], a.out + (head * rows + r) * Dv, Dv);
       }
-      // out[rows, Dv] += P V: whole blocks of vectors, then the remaining columns one by one
-      const int64_t d_vec = Dv / W * W;
-      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-        with_block<kRowBlock>(rows - r0, [&](auto rb) {
-          for (int64_t d0 = 0; d0 < d_vec; d0 += kValueBlock * W) {
-            with_block<kValueBlock>((d_vec - d0) / W, [&](auto nb) {
-              value_block<decltype(rb)::value, decltype(nb)::value>(
-                  a.scores + r0 * kDecodeChunk, kDecodeChunk, a.value_rows, n, d0, out + r0 * Dv, Dv);
-            });
-          }
-        });
-      }
-      for (int64_t d = d_vec; d < Dv; ++d) {
-        for (int64_t r = 0; r < rows; ++r) {
-          acc_t sum = out[r * Dv + d];
-          for (int64_t j = 0; j < n; ++j) {
-            sum += a.scores[r * kDecodeChunk + j] * static_cast<acc_t>(a.value_rows[j][d]);
-          }
-          out[r * Dv + d] = sum;
-        }
-      }
+      values(head, n);
     }
   }
   for (int64_t r = 0; r < all_rows; ++r) {
@@ -235,8 +220,90 @@ void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
   }
 }
 
-#define ATTN_OPS_INSTANTIATE_DECODE_ROWS(scalar_t) \
-  template void decode_rows<scalar_t, acc_type<scalar_t>>(const DecodeRows<scalar_t, acc_type<scalar_t>>&);
+}  // namespace
+
+template <typename scalar_t, typename acc_t>
+void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
+  constexpr int64_t W = Vec<acc_t>::size();
+  const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v;
+  const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
+    const acc_t* q = a.q + head * rows * Dqk;
+    const int64_t n_next = std::min(a.tile, a.k_end - k0 - n);
+    a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
+    // The next tile's rows, requested while this one computes.
+    for (int64_t j = n; j < n + n_next; ++j) {
+      prefetch_row(a.key_rows[j], Dqk);
+      prefetch_row(a.value_rows[j], Dv);
+    }
+    // scores[rows, n] = Q K^T (q carries the scale)
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+      with_block<kRowBlock>(rows - r0, [&](auto rb) {
+        for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+          with_block<kKeyBlock>(n - j0, [&](auto kb) {
+            score_block<decltype(rb)::value, decltype(kb)::value>(
+                q + r0 * Dqk, Dqk, a.key_rows + j0, a.scores + r0 * a.tile + j0, a.tile);
+          });
+        }
+      });
+    }
+  };
+  const auto values = [&](int64_t head, int64_t n) {
+    acc_t* out = a.out + head * rows * Dv;
+    // out[rows, Dv] += P V: whole blocks of vectors, then the remaining columns one by one
+    const int64_t d_vec = Dv / W * W;
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+      with_block<kRowBlock>(rows - r0, [&](auto rb) {
+        for (int64_t d0 = 0; d0 < d_vec; d0 += kValueBlock * W) {
+          with_block<kValueBlock>((d_vec - d0) / W, [&](auto nb) {
+            value_block<decltype(rb)::value, decltype(nb)::value>(a.scores + r0 * a.tile, a.tile,
+                                                                  a.value_rows, n, d0, out + r0 * Dv, Dv);
+          });
+        }
+      });
+    }
+    for (int64_t d = d_vec; d < Dv; ++d) {
+      for (int64_t r = 0; r < rows; ++r) {
+        acc_t sum = out[r * Dv + d];
+        for (int64_t j = 0; j < n; ++j) {
+          sum += a.scores[r * a.tile + j] * static_cast<acc_t>(a.value_rows[j][d]);
+        }
+        out[r * Dv + d] = sum;
+      }
+    }
+  };
+  decode_tiles(a, scores, values);
+}
+
+// Each key tile as two GEMMs on the vendor BLAS (which picks its own instruction set at run time) over the
+// tile in place where it can (see for_each_run).
+template <typename scalar_t, typename acc_t>
+void decode_rows_gemm(const DecodeRows<scalar_t, acc_t>& a) {
+  const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v;
+  const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
+    a.locate(a, a.kv_head + head, k0, n, a.key_rows, a.value_rows);
+    const acc_t* q = a.q + head * rows * Dqk;
+    for_each_run(a.key_rows, n, Dqk, a.key_tile, [&](int64_t j0, int64_t len, const acc_t* keys, int64_t ld) {
+      gemm<acc_t>(false, true, rows, len, Dqk, 1, q, Dqk, keys, ld, 0, a.scores + j0, a.tile);
+    });
+  };
+  const auto values = [&](int64_t head, int64_t n) {
+    acc_t* out = a.out + head * rows * Dv;
+    const auto add_pv = [&](int64_t j0, int64_t len, const acc_t* vals, int64_t ld) {
+      gemm<acc_t>(false, false, rows, Dv, len, 1, a.scores + j0, a.tile, vals, ld, 1, out, Dv);
+    };
+    // MLA: the values are the first dim_v features of the key rows, already converted with the keys.
+    if (!std::is_same_v<scalar_t, acc_t> && Dv <= Dqk && std::equal(a.value_rows, a.value_rows + n, a.key_rows)) {
+      add_pv(0, n, a.key_tile, Dqk);
+    } else {
+      for_each_run(a.value_rows, n, Dv, a.value_tile, add_pv);
+    }
+  };
+  decode_tiles(a, scores, values);
+}
+
+#define ATTN_OPS_INSTANTIATE_DECODE_ROWS(scalar_t)                                                             \
+  template void decode_rows<scalar_t, acc_type<scalar_t>>(const DecodeRows<scalar_t, acc_type<scalar_t>>&); \
+  template void decode_rows_gemm<scalar_t, acc_type<scalar_t>>(const DecodeRows<scalar_t, acc_type<scalar_t>>&);
 ATTN_OPS_INSTANTIATE_DECODE_ROWS(float)
 ATTN_OPS_INSTANTIATE_DECODE_ROWS(double)
 ATTN_OPS_INSTANTIATE_DECODE_ROWS(c10::Half)
