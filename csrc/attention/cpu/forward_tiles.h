@@ -1,4 +1,6 @@
-// CPU forward of attention: flash-style tiling with an online softmax.
+// CPU forward of attention: flash-style tiling with an online softmax. Compiled once per instruction set
+// (prefill_isa_*.cpp, which set CPU_CAPABILITY and ATTN_OPS_PREFILL_NS first); attention_forward_cpu.cpp
+// picks the copy at run time.
 //
 // One work item is (sequence, KV head, block of query positions, key split). The query rows of all heads
 // of the KV group are packed into one [rows, Dqk] tile, so each K/V tile is loaded once for the whole
@@ -8,9 +10,12 @@
 // When there are fewer (sequence, KV head, query block) items than twice the threads (decode: one query
 // per sequence; long single sequences), each item's key range is cut into splits that run in parallel,
 // and their partial results are merged by their log-sum-exp (flash-decoding).
+#pragma once
+
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/blas.h"
 #include "attention/cpu/parallel.h"
+#include "attention/cpu/prefill_kernels.h"
 #include "attention/cpu/row_ops.h"
 #include "attention/cpu/split_merge.h"
 
@@ -21,7 +26,7 @@
 #include <limits>
 #include <vector>
 
-namespace attn_ops::cpu {
+namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 namespace {
 
 constexpr int64_t kTargetRows = 128;  // query rows (positions x group heads) per tile
@@ -56,10 +61,9 @@ const acc_t* key_tile(const scalar_t* base, const KeyLayout& layout, int64_t b, 
 }  // namespace
 
 template <typename scalar_t, typename acc_t>
-void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
-                              const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v,
-                              const KeyLayout& v_layout, scalar_t* out, const SeqLayout& out_layout, acc_t* lse,
-                              const SeqLayout& lse_layout) {
+void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout, const scalar_t* k,
+                   const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout, scalar_t* out,
+                   const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
   const int64_t block_positions = std::max<int64_t>(1, kTargetRows / G);
   const int64_t max_rows = block_positions * G;
@@ -161,14 +165,4 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
   merge_splits(p, splits, part_out.data(), part_lse.data(), out, out_layout, lse, lse_layout);
 }
 
-#define ATTN_OPS_INSTANTIATE_FORWARD(scalar_t)                                                                      \
-  template void attention_forward_kernel<scalar_t, acc_type<scalar_t>>(                                             \
-      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const KeyLayout&, const scalar_t*, \
-      const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
-ATTN_OPS_INSTANTIATE_FORWARD(float)
-ATTN_OPS_INSTANTIATE_FORWARD(double)
-ATTN_OPS_INSTANTIATE_FORWARD(c10::Half)
-ATTN_OPS_INSTANTIATE_FORWARD(c10::BFloat16)
-#undef ATTN_OPS_INSTANTIATE_FORWARD
-
-}  // namespace attn_ops::cpu
+}  // namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS
