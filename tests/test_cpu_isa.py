@@ -45,6 +45,9 @@ FORWARD_CASES = {
     "mha_softcap": (1, 40, 129, 3, 3, 80, dict(softcap=20.0)),
     "mqa_window": (1, 130, 130, 4, 1, 32, dict(window_left=17, window_right=3)),
     "single_row": (2, 1, 1, 4, 2, 16, {}),
+    # D = 128: bfloat16 / float16 take brgemm (AMX) in the AVX-512 copy where the CPU has it.
+    "d128_causal_odd": (2, 77, 333, 8, 2, 128, dict(causal=True)),
+    "d128_softcap_cross": (1, 130, 65, 4, 4, 128, dict(softcap=15.0)),
 }
 
 
@@ -58,13 +61,17 @@ def test_forward(isa, case, dtype):
 
 
 def test_forward_varlen_and_split_keys(isa):
-    """Varlen with an empty sequence, and one long row per KV head (the key-split path and its merge)."""
+    """Varlen with an empty sequence (float32, bfloat16), and one long row per KV head (the key-split path
+    and its merge)."""
     lens_q, lens_k = [5, 0, 33], [300, 7, 40]
     q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, 4, 2, 64, 64, torch.float32, "cpu")
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
     compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
     q, k, v = dense_inputs(1, 1, 1500, 2, 1, 64, 64, torch.float32, "cpu")
     compare(attn_ops.attention(q, k, v), (q, k, v))
+    q, k, v, cu_q, cu_k = varlen_inputs([70, 0, 1], [300, 5, 129], 8, 2, 128, 128, torch.bfloat16, "cpu")
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
