@@ -48,6 +48,7 @@ FORWARD_CASES = {
     # D = 128: bfloat16 / float16 take brgemm (AMX) in the AVX-512 copy where the CPU has it.
     "d128_causal_odd": (2, 77, 333, 8, 2, 128, dict(causal=True)),
     "d128_softcap_cross": (1, 130, 65, 4, 4, 128, dict(softcap=15.0)),
+    "d128_negative_scale": (1, 40, 70, 4, 2, 128, dict(scale=-0.05, causal=True)),
 }
 
 

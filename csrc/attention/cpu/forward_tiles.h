@@ -178,25 +178,33 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
             vt = key_tile(v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
             gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), scores, kKeyTile);
           }
+          // The brgemm path's P: rounded to the input dtype, zero-padded to whole key blocks (few distinct
+          // shapes: brgemm compiles a kernel per shape).
+          const int64_t keys = round_up(n, kPackBlock);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t pos = w.q_begin + r / G;
             const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
             const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
             acc_t* srow = scores + r * kKeyTile;
-            if (brgemm) {
-              scale_row(srow, n, scale);
+            acc_t* acc_row = s.acc.data() + r * Dv;
+            if constexpr (!std::is_same_v<scalar_t, acc_t>) {
+              if (brgemm) {
+                scalar_t* prow = s.p_lowp.data() + r * kKeyTile;
+                if (softcap == 0 && scale > 0) {
+                  online_softmax_step_lowp(srow, prow, keys, lo, hi, scale, s.row_max[r], s.row_sum[r], acc_row, Dv);
+                } else {
+                  scale_row(srow, n, scale);
+                  online_softmax_step(srow, n, lo, hi, softcap, s.row_max[r], s.row_sum[r], acc_row, Dv);
+                  convert_row(srow, prow, n);
+                  std::fill(prow + n, prow + keys, scalar_t(0));
+                }
+                continue;
+              }
             }
-            online_softmax_step(srow, n, lo, hi, softcap, s.row_max[r], s.row_sum[r], s.acc.data() + r * Dv, Dv);
+            online_softmax_step(srow, n, lo, hi, softcap, s.row_max[r], s.row_sum[r], acc_row, Dv);
           }
           if constexpr (!std::is_same_v<scalar_t, acc_t>) {
-            if (brgemm) {  // acc[rows, Dv] += P V per packed dim block, P rounded to the input dtype and
-                           // zero-padded to whole key blocks (few distinct shapes: brgemm compiles one per shape)
-              const int64_t keys = round_up(n, kPackBlock);
-              for (int64_t r = 0; r < rows; ++r) {
-                scalar_t* prow = s.p_lowp.data() + r * kKeyTile;
-                convert_row(scores + r * kKeyTile, prow, n);
-                std::fill(prow + n, prow + keys, scalar_t(0));
-              }
+            if (brgemm) {  // acc[rows, Dv] += P V per packed dim block
               const scalar_t* vp = packed->v_tile(b, g, k0);
               for (int64_t c = 0; c < Dv; c += kPackBlock) {
                 lowp_brgemm(rows, kPackBlock, keys, s.p_lowp.data(), kKeyTile, vp + c * kKeyTile, kPackBlock,
