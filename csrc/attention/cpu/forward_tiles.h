@@ -37,7 +37,7 @@
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 namespace {
 
-constexpr int64_t kTargetRows = 128;  // query rows (positions x group heads) per tile
+constexpr int64_t kTargetRows = 256;  // query rows (positions x group heads) per tile
 constexpr int64_t kKeyTile = 256;     // keys per tile
 
 struct WorkItem {
