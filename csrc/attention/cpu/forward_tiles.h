@@ -35,7 +35,6 @@
 #include <vector>
 
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
-namespace {
 
 constexpr int64_t kTargetRows = 256;  // query rows (positions x group heads) per tile
 constexpr int64_t kKeyTile = 256;     // keys per tile
@@ -75,7 +74,6 @@ const acc_t* key_tile(const scalar_t* base, const KeyLayout& layout, int64_t b, 
   return buffer;
 }
 
-}  // namespace
 
 template <typename scalar_t, typename acc_t>
 void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout, const scalar_t* k,

@@ -18,7 +18,6 @@
 #include <vector>
 
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
-namespace {
 
 constexpr int64_t kPackBlock = 64;
 
@@ -86,5 +85,4 @@ class PackedKV {
   std::vector<scalar_t> k_, v_;
 };
 
-}  // namespace
 }  // namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS
