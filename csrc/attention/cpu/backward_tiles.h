@@ -1,5 +1,5 @@
 // CPU backward of attention (FlashAttention-2 order: key blocks outside, query blocks inside). Compiled
-// once per instruction set (prefill_isa_*.cpp); attention_backward_cpu.cpp picks the copy at run time.
+// once per instruction set (prefill_isa_*.cpp); prefill_cpu.cpp picks the copy at run time.
 //
 // One work item is (sequence, KV head, split). A split owns every `splits`-th key block of its
 // sequence, accumulates dK/dV of those blocks privately (summed over the group's query heads, no

@@ -1,5 +1,5 @@
 // CPU forward of attention: flash-style tiling with an online softmax. Compiled once per instruction set
-// (prefill_isa_*.cpp, which set CPU_CAPABILITY and ATTN_OPS_PREFILL_NS first); attention_forward_cpu.cpp
+// (prefill_isa_*.cpp, which set CPU_CAPABILITY and ATTN_OPS_PREFILL_NS first); prefill_cpu.cpp
 // picks the copy at run time.
 //
 // One work item is (sequence, KV head, block of query positions, key split). The query rows of all heads
