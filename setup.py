@@ -8,7 +8,6 @@ file CMakeLists.txt reads). Install with:  pip install --no-build-isolation -e .
 import glob
 import json
 import os
-import platform
 import shutil
 
 from setuptools import find_packages, setup
@@ -53,26 +52,6 @@ if want_cuda() and find_cuda_home():
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 
-def cpu_isa_flags():
-    """Vector ISA flags for the CPU kernels (at::vec picks its implementation from CPU_CAPABILITY).
-
-    ATTN_OPS_CPU_ISA=avx2|default overrides the host detection; keep in sync with CMakeLists.txt.
-    """
-    isa = os.environ.get("ATTN_OPS_CPU_ISA")
-    if isa is None:
-        isa = "default"
-        if platform.machine() in ("x86_64", "AMD64") and os.path.exists("/proc/cpuinfo"):
-            with open("/proc/cpuinfo") as f:
-                flags = f.read()
-            if all(f" {flag}" in flags for flag in ("avx2", "fma", "f16c")):
-                isa = "avx2"
-    if isa == "avx2":
-        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-    if isa == "default":
-        return []
-    raise ValueError(f"ATTN_OPS_CPU_ISA must be 'avx2' or 'default', got {isa!r}")
-
-
 def cuda_library_includes():
     """ATen's CUDA headers include cuBLAS / cuSPARSE headers, which a minimal toolkit may lack while the pip
     CUDA packages that came with torch (site-packages/nvidia/cu*/include) have them."""
@@ -95,7 +74,9 @@ def make_extension():
     cuda_sources = sources("csrc/**/*.cu")
     # -fopenmp: at::parallel_for is a header template whose `#pragma omp parallel` is compiled here;
     # without it the kernels run on one thread (and MKL then forks a team for every small GEMM).
-    cxx_flags = ["-O3", STD_FLAG, "-fvisibility-inlines-hidden", "-fopenmp"] + cpu_isa_flags()
+    # No -mavx2 etc.: the binary stays portable; the vector kernels carry one copy per instruction set,
+    # picked at run time (csrc/common/cpu_isa.h).
+    cxx_flags = ["-O3", STD_FLAG, "-fvisibility-inlines-hidden", "-fopenmp"]
     common = dict(
         name="attn_ops._C",
         # Headers too: setuptools skips the whole build when no listed file is newer than the library,

@@ -6,8 +6,8 @@
 #
 # BUILD_DIR defaults to $ATTN_OPS_CPP_BUILD_DIR or build-cmake/ in the repository (git-ignored).
 # Environment: PYTHON (default python; its torch provides the LibTorch CMake config), JOBS (default 2),
-#   ATTN_OPS_CUDA (ON/OFF, default OFF), ATTN_OPS_CPU_ISA (auto/avx2/default), CMAKE_GENERATOR
-#   (default Ninja when ninja is installed, else Unix Makefiles).
+#   ATTN_OPS_CUDA (ON/OFF, default OFF), CMAKE_GENERATOR (default Ninja when ninja is installed, else Unix
+#   Makefiles).
 # Needs GoogleTest: apt-get update && apt-get install -y libgtest-dev
 # Fails when the configure, the build or any test fails, and when no test ran.
 set -euo pipefail
@@ -31,7 +31,6 @@ cmake -S "$repo" -B "$build_dir" -G "$generator" \
   -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DATTN_OPS_CUDA="${ATTN_OPS_CUDA:-OFF}" \
-  -DATTN_OPS_CPU_ISA="${ATTN_OPS_CPU_ISA:-auto}" \
   -DATTN_OPS_BUILD_TESTS=ON \
   -DATTN_OPS_BUILD_EXAMPLES=ON \
   "$@"

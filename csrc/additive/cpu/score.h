@@ -1,10 +1,12 @@
-// The additive score of one (query, key) pair, vectorized over the hidden dimension:
-// s = sum_a w[a] tanh(q[a] + k[a]), optionally keeping t[a] = tanh(q[a] + k[a]) for the backward.
+// The scores of an additive-attention problem: s = sum_a w[a] tanh(q[a] + k[a]) for a (query, key) pair,
+// optionally keeping t[a] = tanh(q[a] + k[a]) for the backward. The vectorized loops over the hidden
+// dimension (score_kernels.h) are compiled once per instruction set (score_isa_*.cpp); AdditiveScorer
+// takes the copy of the best one this CPU has.
 #pragma once
 
+#include "common/cpu_isa.h"
+
 #include <ATen/ATen.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
 #include <cstdint>
@@ -14,57 +16,39 @@
 
 namespace attn_ops::cpu {
 
-// q, k, w, t: [hidden]; t is written only when kStore.
-template <bool kStore, typename acc_t>
-inline acc_t additive_score(const acc_t* q, const acc_t* k, const acc_t* w, acc_t* t, int64_t hidden) {
-  using Vec = at::vec::Vectorized<acc_t>;
-  Vec acc(acc_t(0));
-  int64_t a = 0;
-  for (; a + Vec::size() <= hidden; a += Vec::size()) {
-    const Vec x = (Vec::loadu(q + a) + Vec::loadu(k + a)).tanh();
-    if constexpr (kStore) {
-      x.store(t + a);
-    }
-    acc = at::vec::fmadd(Vec::loadu(w + a), x, acc);
-  }
-  acc_t s = at::vec::vec_reduce_all<acc_t>([](Vec& x, Vec& y) { return x + y; }, acc);
-  for (; a < hidden; ++a) {
-    const acc_t x = std::tanh(q[a] + k[a]);
-    if constexpr (kStore) {
-      t[a] = x;
-    }
-    s += w[a] * x;
-  }
-  return s;
-}
+// One instruction set's score loops, indexed by whether they store t (score_kernels.h describes them).
+template <typename acc_t>
+struct AdditiveScoreFns {
+  acc_t (*tanh_form[2])(const acc_t* q, const acc_t* k, const acc_t* w, acc_t* t, int64_t hidden);
+  acc_t (*exp_form[2])(const acc_t* eq, const acc_t* ek, const acc_t* w, acc_t w_sum, acc_t* t, int64_t hidden);
+};
 
-// The same score from eq = exp(2 q) and ek = exp(2 k), since tanh(x) = 1 - 2 / (exp(2x) + 1):
-// s = sum(w) - 2 sum_a w[a] / (eq[a] ek[a] + 1), a multiply, an add and a division per element instead of
-// a tanh. Exact in floating point as long as eq and ek are finite and nonzero (|q|, |k| <= exp_limit):
-// their product may then overflow to inf (t = 1) or underflow to 0 (t = -1), as tanh saturates.
-template <bool kStore, typename acc_t>
-inline acc_t additive_score_exp(const acc_t* eq, const acc_t* ek, const acc_t* w, acc_t w_sum, acc_t* t,
-                                int64_t hidden) {
-  using Vec = at::vec::Vectorized<acc_t>;
-  const Vec one(acc_t(1)), two(acc_t(2));
-  Vec acc(acc_t(0));
-  int64_t a = 0;
-  for (; a + Vec::size() <= hidden; a += Vec::size()) {
-    const Vec r = one / at::vec::fmadd(Vec::loadu(eq + a), Vec::loadu(ek + a), one);
-    if constexpr (kStore) {
-      at::vec::fnmadd(two, r, one).store(t + a);  // 1 - 2 r
-    }
-    acc = at::vec::fmadd(Vec::loadu(w + a), r, acc);
+#define ATTN_OPS_DECLARE_ADDITIVE_SCORE(ns) \
+  namespace ns {                            \
+  template <typename acc_t>                 \
+  AdditiveScoreFns<acc_t> score_fns();      \
   }
-  acc_t s = at::vec::vec_reduce_all<acc_t>([](Vec& x, Vec& y) { return x + y; }, acc);
-  for (; a < hidden; ++a) {
-    const acc_t r = acc_t(1) / (eq[a] * ek[a] + acc_t(1));
-    if constexpr (kStore) {
-      t[a] = acc_t(1) - 2 * r;
-    }
-    s += w[a] * r;
+ATTN_OPS_DECLARE_ADDITIVE_SCORE(additive_default)
+#ifdef ATTN_OPS_X86_ISA_COPIES
+ATTN_OPS_DECLARE_ADDITIVE_SCORE(additive_avx2)
+ATTN_OPS_DECLARE_ADDITIVE_SCORE(additive_avx512)
+#endif
+#undef ATTN_OPS_DECLARE_ADDITIVE_SCORE
+
+// The score loops of the best instruction set this CPU has (common/cpu_isa.h).
+template <typename acc_t>
+AdditiveScoreFns<acc_t> score_fns_for_this_cpu() {
+#ifdef ATTN_OPS_X86_ISA_COPIES
+  switch (cpu_isa()) {
+    case CpuIsa::kAvx512:
+      return additive_avx512::score_fns<acc_t>();
+    case CpuIsa::kAvx2:
+      return additive_avx2::score_fns<acc_t>();
+    case CpuIsa::kDefault:
+      break;
   }
-  return w_sum - 2 * s;
+#endif
+  return additive_default::score_fns<acc_t>();
 }
 
 // Largest |q|, |k| for which exp(2 q) stays finite and nonzero in acc_t (exp(80) < FLT_MAX).
@@ -82,7 +66,7 @@ class AdditiveScorer {
   AdditiveScorer(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& w)
       : eq_(at::exp(qp * 2)), ek_(at::exp(kp * 2)), hidden_(qp.size(2)), query_len_(qp.size(1)),
         key_len_(kp.size(1)), q_(qp.const_data_ptr<acc_t>()), k_(kp.const_data_ptr<acc_t>()),
-        w_(w.const_data_ptr<acc_t>()), w_sum_(w.sum().item<acc_t>()) {
+        w_(w.const_data_ptr<acc_t>()), w_sum_(w.sum().item<acc_t>()), fns_(score_fns_for_this_cpu<acc_t>()) {
     const int64_t B = qp.size(0);
     if (B > 0 && hidden_ > 0) {
       const at::Tensor q_ok = query_len_ ? qp.abs().amax({1, 2}).le(exp_limit<acc_t>()) : at::ones({B}, at::kBool);
@@ -98,10 +82,10 @@ class AdditiveScorer {
   template <bool kStore>
   acc_t pair(int64_t b, int64_t row, int64_t key, acc_t* t) const {
     if (fast_[b]) {
-      return additive_score_exp<kStore, acc_t>(eq_.const_data_ptr<acc_t>() + row * hidden_,
-                                               ek_.const_data_ptr<acc_t>() + key * hidden_, w_, w_sum_, t, hidden_);
+      return fns_.exp_form[kStore](eq_.const_data_ptr<acc_t>() + row * hidden_,
+                                   ek_.const_data_ptr<acc_t>() + key * hidden_, w_, w_sum_, t, hidden_);
     }
-    return additive_score<kStore, acc_t>(q_ + row * hidden_, k_ + key * hidden_, w_, t, hidden_);
+    return fns_.tanh_form[kStore](q_ + row * hidden_, k_ + key * hidden_, w_, t, hidden_);
   }
 
  private:
@@ -110,6 +94,7 @@ class AdditiveScorer {
   const acc_t *q_, *k_, *w_;
   acc_t w_sum_;
   std::vector<bool> fast_;
+  AdditiveScoreFns<acc_t> fns_;
 };
 
 // max that lets NaN through (std::max(m, NaN) would drop it and hide a NaN input).

@@ -176,6 +176,18 @@ const acc_t* load_key_tile(const scalar_t* src, int64_t seq_stride, int64_t n, i
   return buffer;
 }
 
+// Moves a row's running max to new_max: the running sum and the output accumulator acc[dv] are rescaled
+// to it. Also taken once NaN appeared (NaN != NaN): NaN spreads to the whole row.
+template <typename T>
+inline void move_running_max(T new_max, T& run_max, T& run_sum, T* acc, int64_t dv) {
+  if (!(run_max == new_max)) {
+    const T correction = std::exp(run_max - new_max);  // 0 when run_max is -inf
+    run_sum *= correction;
+    scale_row(acc, dv, correction);
+    run_max = new_max;
+  }
+}
+
 // One row's online-softmax step over a tile of n scores of which [lo, hi] are visible (lo > hi: none):
 // the scores become exp(score - running max) (0 where not visible); when the running max moves, the
 // running sum and the row's output accumulator acc[dv] are rescaled to it. NaN spreads to the whole row.
@@ -199,12 +211,40 @@ inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T so
   const T tile_sum = exp_shift_sum(visible, count, new_max);
   fill_row(srow, lo, T(0));
   fill_row(srow + hi + 1, n - hi - 1, T(0));
-  if (!(run_max == new_max)) {  // also taken once NaN appeared: NaN spreads to the whole row
-    const T correction = std::exp(run_max - new_max);  // 0 when run_max is -inf
-    run_sum *= correction;
-    scale_row(acc, dv, correction);
-    run_max = new_max;
+  move_running_max(new_max, run_max, run_sum, acc, dv);
+  run_sum += tile_sum;
+}
+
+// online_softmax_step for the low-precision brgemm path, in two passes instead of four: raw scores s[n]
+// (before the softmax scale, which must be > 0; no soft-capping) in, the probabilities
+// exp(scale * s - running max) out in the input dtype, prob[0, n) (0 where not visible), ready for P V.
+template <typename lowp_t>
+inline void online_softmax_step_lowp(const float* s, lowp_t* prob, int64_t n, int64_t lo, int64_t hi, float scale,
+                                     float& run_max, float& run_sum, float* acc, int64_t dv) {
+  const float new_max = lo > hi ? run_max : nan_max(run_max, scale * row_max(s + lo, hi - lo + 1));
+  if (lo > hi || new_max == -std::numeric_limits<float>::infinity()) {  // adds nothing (online_softmax_step)
+    std::fill(prob, prob + n, lowp_t(0));
+    return;
   }
+  constexpr int64_t W = Vec<float>::size();
+  const Vec<float> vscale(scale), vshift(-new_max);
+  Vec<float> vsum(0.f);
+  int64_t i = lo;
+  for (; i + 2 * W <= hi + 1; i += 2 * W) {
+    const Vec<float> e0 = vec_exp(at::vec::fmadd(Vec<float>::loadu(s + i), vscale, vshift));
+    const Vec<float> e1 = vec_exp(at::vec::fmadd(Vec<float>::loadu(s + i + W), vscale, vshift));
+    vsum = vsum + e0 + e1;
+    at::vec::convert_from_float<lowp_t>(e0, e1).store(prob + i);
+  }
+  float tile_sum = at::vec::vec_reduce_all<float>([](Vec<float>& a, Vec<float>& b) { return a + b; }, vsum);
+  for (; i <= hi; ++i) {
+    const float e = std::exp(scale * s[i] - new_max);
+    tile_sum += e;
+    prob[i] = static_cast<lowp_t>(e);
+  }
+  std::fill(prob, prob + lo, lowp_t(0));
+  std::fill(prob + hi + 1, prob + n, lowp_t(0));
+  move_running_max(new_max, run_max, run_sum, acc, dv);
   run_sum += tile_sum;
 }
 

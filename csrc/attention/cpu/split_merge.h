@@ -1,5 +1,6 @@
 // Merge of the key splits of a flash-decoding forward: each split wrote its rows' normalized output and
-// log-sum-exp; the result is their lse-weighted combination.
+// log-sum-exp; the result is their lse-weighted combination. In row_ops.h's inline namespace: each
+// instruction set's copy of the kernels that call it has its own.
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
@@ -12,6 +13,7 @@
 #include <vector>
 
 namespace attn_ops::cpu {
+inline namespace CPU_CAPABILITY {
 
 // lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s. Partial row `row` of split s is at
 // s * rows_total + row with row = (token_q[b] + position) * Hq + head, rows_total = total_q * Hq.
@@ -50,4 +52,5 @@ void merge_splits(const AttentionProblem& p, int64_t splits,
   });
 }
 
+}  // namespace CPU_CAPABILITY
 }  // namespace attn_ops::cpu

@@ -1,4 +1,5 @@
-// CPU backward of attention (FlashAttention-2 order: key blocks outside, query blocks inside).
+// CPU backward of attention (FlashAttention-2 order: key blocks outside, query blocks inside). Compiled
+// once per instruction set (prefill_isa_*.cpp); prefill_cpu.cpp picks the copy at run time.
 //
 // One work item is (sequence, KV head, split). A split owns every `splits`-th key block of its
 // sequence, accumulates dK/dV of those blocks privately (summed over the group's query heads, no
@@ -6,9 +7,12 @@
 // (with one split of a float32 / float64 problem, into dq itself).
 // Splits exist so that a problem with few (sequence, KV head) pairs (MQA, batch 1) still fills every
 // thread; the result does not depend on the thread count's schedule (deterministic).
+#pragma once
+
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/blas.h"
 #include "attention/cpu/parallel.h"
+#include "attention/cpu/prefill_kernels.h"
 #include "attention/cpu/row_ops.h"
 
 #include <c10/util/BFloat16.h>
@@ -19,10 +23,10 @@
 #include <type_traits>
 #include <vector>
 
-namespace attn_ops::cpu {
+namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 namespace {
 
-constexpr int64_t kTargetRows = 128;  // query rows (positions x group heads) per tile
+constexpr int64_t kBackwardRows = 128;  // query rows (positions x group heads) per tile
 constexpr int64_t kKeyBlock = 128;    // keys per block
 constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
 
@@ -38,14 +42,13 @@ struct BackwardScratch {
 }  // namespace
 
 template <typename scalar_t, typename acc_t>
-void attention_backward_kernel(const AttentionProblem& p, const scalar_t* dout, const SeqLayout& dout_layout,
-                               const scalar_t* q, const SeqLayout& q_layout, const scalar_t* k,
-                               const SeqLayout& k_layout, const scalar_t* v, const SeqLayout& v_layout,
-                               const scalar_t* out, const SeqLayout& out_layout, const acc_t* lse, const acc_t* dlse,
-                               const SeqLayout& lse_layout, scalar_t* dq, const SeqLayout& dq_layout, scalar_t* dk,
-                               const SeqLayout& dk_layout, scalar_t* dv, const SeqLayout& dv_layout) {
+void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLayout& dout_layout, const scalar_t* q,
+                    const SeqLayout& q_layout, const scalar_t* k, const SeqLayout& k_layout, const scalar_t* v,
+                    const SeqLayout& v_layout, const scalar_t* out, const SeqLayout& out_layout, const acc_t* lse,
+                    const acc_t* dlse, const SeqLayout& lse_layout, scalar_t* dq, const SeqLayout& dq_layout,
+                    scalar_t* dk, const SeqLayout& dk_layout, scalar_t* dv, const SeqLayout& dv_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
-  const int64_t block_positions = std::max<int64_t>(1, kTargetRows / G);
+  const int64_t block_positions = std::max<int64_t>(1, kBackwardRows / G);
   const int64_t max_rows = block_positions * G;
   const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
   const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
@@ -186,16 +189,4 @@ void attention_backward_kernel(const AttentionProblem& p, const scalar_t* dout, 
   });
 }
 
-#define ATTN_OPS_INSTANTIATE_BACKWARD(scalar_t)                                                                    \
-  template void attention_backward_kernel<scalar_t, acc_type<scalar_t>>(                                           \
-      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const SeqLayout&,               \
-      const scalar_t*, const SeqLayout&, const scalar_t*, const SeqLayout&, const scalar_t*, const SeqLayout&,     \
-      const acc_type<scalar_t>*, const acc_type<scalar_t>*, const SeqLayout&, scalar_t*, const SeqLayout&,         \
-      scalar_t*, const SeqLayout&, scalar_t*, const SeqLayout&);
-ATTN_OPS_INSTANTIATE_BACKWARD(float)
-ATTN_OPS_INSTANTIATE_BACKWARD(double)
-ATTN_OPS_INSTANTIATE_BACKWARD(c10::Half)
-ATTN_OPS_INSTANTIATE_BACKWARD(c10::BFloat16)
-#undef ATTN_OPS_INSTANTIATE_BACKWARD
-
-}  // namespace attn_ops::cpu
+}  // namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS

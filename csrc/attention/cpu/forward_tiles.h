@@ -1,16 +1,27 @@
-// CPU forward of attention: flash-style tiling with an online softmax.
+// CPU forward of attention: flash-style tiling with an online softmax. Compiled once per instruction set
+// (prefill_isa_*.cpp, which set CPU_CAPABILITY and ATTN_OPS_PREFILL_NS first); prefill_cpu.cpp
+// picks the copy at run time.
 //
 // One work item is (sequence, KV head, block of query positions, key split). The query rows of all heads
 // of the KV group are packed into one [rows, Dqk] tile, so each K/V tile is loaded once for the whole
 // group and the two products per tile (Q K^T and P V) are single GEMMs. Scores live in a
 // [rows, key_tile] buffer; nothing of size [Tq, Tk] is ever materialized.
 //
+// bfloat16 / float16 on a CPU with AMX (the AVX-512 copy, lowp_brgemm_available): both products run on
+// brgemm in the input dtype with float32 accumulation, as SDPA's CPU kernel does (the probabilities are
+// rounded to the input dtype for P V), over K and V packed once per call (packed_kv.h); elsewhere the
+// tiles are converted to float32 for sgemm.
+//
 // When there are fewer (sequence, KV head, query block) items than twice the threads (decode: one query
 // per sequence; long single sequences), each item's key range is cut into splits that run in parallel,
 // and their partial results are merged by their log-sum-exp (flash-decoding).
+#pragma once
+
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/blas.h"
+#include "attention/cpu/packed_kv.h"
 #include "attention/cpu/parallel.h"
+#include "attention/cpu/prefill_kernels.h"
 #include "attention/cpu/row_ops.h"
 #include "attention/cpu/split_merge.h"
 
@@ -19,24 +30,34 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
-namespace attn_ops::cpu {
-namespace {
+namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 
-constexpr int64_t kTargetRows = 128;  // query rows (positions x group heads) per tile
+constexpr int64_t kTargetRows = 256;  // query rows (positions x group heads) per tile
 constexpr int64_t kKeyTile = 256;     // keys per tile
 
 struct WorkItem {
   int64_t batch, kv_head, q_begin, q_end;
 };
 
-template <typename acc_t>
+// AMX exists only on CPUs with AVX-512: the other copies never take the brgemm path.
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr bool kBrgemmCopy = true;
+#else
+constexpr bool kBrgemmCopy = false;
+#endif
+
+template <typename scalar_t, typename acc_t>
 struct ForwardScratch {
   std::vector<acc_t> q, scores, acc, row_max, row_sum, k, v;
-  ForwardScratch(int64_t rows, int64_t dqk, int64_t dv)
-      : q(rows * dqk), scores(rows * kKeyTile), acc(rows * dv), row_max(rows), row_sum(rows), k(kKeyTile * dqk),
-        v(kKeyTile * dv) {}
+  std::vector<scalar_t> q_lowp, p_lowp;  // the brgemm path's operands: Q [rows, Dqk], P [rows, kKeyTile]
+  ForwardScratch(int64_t rows, int64_t dqk, int64_t dv, bool brgemm)
+      : q(brgemm ? 0 : rows * dqk), scores(rows * kKeyTile), acc(rows * dv), row_max(rows), row_sum(rows),
+        k(brgemm ? 0 : kKeyTile * dqk), v(brgemm ? 0 : kKeyTile * dv), q_lowp(brgemm ? rows * dqk : 0),
+        p_lowp(brgemm ? rows * kKeyTile : 0) {}
 };
 
 // A tile of n keys starting at key k0 of sequence b, head h, as a row-major [n, dim] acc_t matrix.
@@ -53,13 +74,11 @@ const acc_t* key_tile(const scalar_t* base, const KeyLayout& layout, int64_t b, 
   return buffer;
 }
 
-}  // namespace
 
 template <typename scalar_t, typename acc_t>
-void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
-                              const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v,
-                              const KeyLayout& v_layout, scalar_t* out, const SeqLayout& out_layout, acc_t* lse,
-                              const SeqLayout& lse_layout) {
+void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout, const scalar_t* k,
+                   const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout, scalar_t* out,
+                   const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
   const int64_t block_positions = std::max<int64_t>(1, kTargetRows / G);
   const int64_t max_rows = block_positions * G;
@@ -102,9 +121,20 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
   const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
   const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
 
+  // The brgemm path reads whole packed tiles from key 0 on, so it needs every item's keys to start at a
+  // tile boundary (no left window); packing needs Dqk even and Dv in whole blocks (packed_kv.h).
+  std::optional<PackedKV<scalar_t>> packed;
+  if constexpr (kBrgemmCopy && !std::is_same_v<scalar_t, acc_t>) {
+    if (p.window_left < 0 && Dqk % 2 == 0 && Dv % kPackBlock == 0 && num_items > 0 &&
+        lowp_brgemm_available<scalar_t>()) {
+      packed.emplace(p, kKeyTile, k, k_layout, v, v_layout);
+    }
+  }
+  const bool brgemm = packed.has_value();
+
   parallel_items(
-      num_items * splits, flops, [&] { return ForwardScratch<acc_t>(max_rows, Dqk, Dv); },
-      [&](int64_t item_index, ForwardScratch<acc_t>& s) {
+      num_items * splits, flops, [&] { return ForwardScratch<scalar_t, acc_t>(max_rows, Dqk, Dv, brgemm); },
+      [&](int64_t item_index, ForwardScratch<scalar_t, acc_t>& s) {
         const WorkItem& w = items[item_index / splits];
         const int64_t split = item_index % splits;
         const int64_t b = w.batch, g = w.kv_head, positions = w.q_end - w.q_begin, rows = positions * G;
@@ -115,7 +145,12 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
 
         // Row r is query position q_begin + r / G of head g * G + r % G.
         for (int64_t r = 0; r < rows; ++r) {
-          convert_row(q + q_layout.at(b, w.q_begin + r / G, g * G + r % G), s.q.data() + r * Dqk, Dqk);
+          const scalar_t* q_row = q + q_layout.at(b, w.q_begin + r / G, g * G + r % G);
+          if (brgemm) {
+            std::copy_n(q_row, Dqk, s.q_lowp.data() + r * Dqk);
+          } else {
+            convert_row(q_row, s.q.data() + r * Dqk, Dqk);
+          }
         }
         fill_row(s.row_max.data(), rows, neg_inf);
         fill_row(s.row_sum.data(), rows, acc_t(0));
@@ -123,21 +158,64 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
 
         for (int64_t k0 = k_begin; k0 < k_end; k0 += kKeyTile) {
           const int64_t n = std::min(kKeyTile, k_end - k0);
-          int64_t ldk = 0, ldv = 0;
-          const acc_t* kt = key_tile(k, k_layout, b, k0, n, g, Dqk, s.k.data(), &ldk);
-          const acc_t* vt = key_tile(v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
           acc_t* scores = s.scores.data();
-          // scores[rows, n] = scale * Q K^T
-          gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), scores, kKeyTile);
+          const acc_t* vt = nullptr;
+          int64_t ldv = 0;
+          if constexpr (!std::is_same_v<scalar_t, acc_t>) {
+            if (brgemm) {  // scores[rows, n] = Q K^T per packed key block (n rounded up), scaled below
+              const scalar_t* kp = packed->k_tile(b, g, k0);
+              for (int64_t c = 0; c < n; c += kPackBlock) {
+                lowp_brgemm(rows, kPackBlock, Dqk, s.q_lowp.data(), Dqk, kp + c * Dqk, kPackBlock, scores + c,
+                            kKeyTile, false);
+              }
+            }
+          }
+          if (!brgemm) {  // scores[rows, n] = scale * Q K^T
+            int64_t ldk = 0;
+            const acc_t* kt = key_tile(k, k_layout, b, k0, n, g, Dqk, s.k.data(), &ldk);
+            vt = key_tile(v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
+            gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), scores, kKeyTile);
+          }
+          // The brgemm path's P: rounded to the input dtype, zero-padded to whole key blocks (few distinct
+          // shapes: brgemm compiles a kernel per shape).
+          const int64_t keys = round_up(n, kPackBlock);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t pos = w.q_begin + r / G;
             const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
             const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
-            online_softmax_step(scores + r * kKeyTile, n, lo, hi, softcap, s.row_max[r], s.row_sum[r],
-                                s.acc.data() + r * Dv, Dv);
+            acc_t* srow = scores + r * kKeyTile;
+            acc_t* acc_row = s.acc.data() + r * Dv;
+            if constexpr (!std::is_same_v<scalar_t, acc_t>) {
+              if (brgemm) {
+                scalar_t* prow = s.p_lowp.data() + r * kKeyTile;
+                if (softcap == 0 && scale > 0) {
+                  online_softmax_step_lowp(srow, prow, keys, lo, hi, scale, s.row_max[r], s.row_sum[r], acc_row, Dv);
+                } else {
+                  scale_row(srow, n, scale);
+                  online_softmax_step(srow, n, lo, hi, softcap, s.row_max[r], s.row_sum[r], acc_row, Dv);
+                  convert_row(srow, prow, n);
+                  std::fill(prow + n, prow + keys, scalar_t(0));
+                }
+                continue;
+              }
+            }
+            online_softmax_step(srow, n, lo, hi, softcap, s.row_max[r], s.row_sum[r], acc_row, Dv);
           }
-          // acc[rows, Dv] += P V
-          gemm<acc_t>(false, false, rows, Dv, n, acc_t(1), scores, kKeyTile, vt, ldv, acc_t(1), s.acc.data(), Dv);
+          if constexpr (!std::is_same_v<scalar_t, acc_t>) {
+            if (brgemm) {  // acc[rows, Dv] += P V per packed dim block
+              const scalar_t* vp = packed->v_tile(b, g, k0);
+              for (int64_t c = 0; c < Dv; c += kPackBlock) {
+                lowp_brgemm(rows, kPackBlock, keys, s.p_lowp.data(), kKeyTile, vp + c * kKeyTile, kPackBlock,
+                            s.acc.data() + c, Dv, true);
+              }
+            }
+          }
+          if (!brgemm) {  // acc[rows, Dv] += P V
+            gemm<acc_t>(false, false, rows, Dv, n, acc_t(1), scores, kKeyTile, vt, ldv, acc_t(1), s.acc.data(), Dv);
+          }
+        }
+        if (brgemm) {
+          at::native::cpublas::brgemm_release();
         }
 
         for (int64_t r = 0; r < rows; ++r) {
@@ -161,14 +239,4 @@ void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, cons
   merge_splits(p, splits, part_out.data(), part_lse.data(), out, out_layout, lse, lse_layout);
 }
 
-#define ATTN_OPS_INSTANTIATE_FORWARD(scalar_t)                                                                      \
-  template void attention_forward_kernel<scalar_t, acc_type<scalar_t>>(                                             \
-      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const KeyLayout&, const scalar_t*, \
-      const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
-ATTN_OPS_INSTANTIATE_FORWARD(float)
-ATTN_OPS_INSTANTIATE_FORWARD(double)
-ATTN_OPS_INSTANTIATE_FORWARD(c10::Half)
-ATTN_OPS_INSTANTIATE_FORWARD(c10::BFloat16)
-#undef ATTN_OPS_INSTANTIATE_FORWARD
-
-}  // namespace attn_ops::cpu
+}  // namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS

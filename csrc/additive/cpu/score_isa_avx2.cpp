@@ -1,0 +1,11 @@
+// The additive-attention score loops for AVX2 + FMA + F16C, compiled for them whatever the build's flags;
+// score.h calls them only where the CPU has them.
+// The headers whose inline code the rest of the library shares come first (common/cpu_isa_target.h).
+#include "additive/cpu/score.h"
+
+#define ATTN_OPS_TARGET_AVX2
+#include "common/cpu_isa_target.h"
+#if ATTN_OPS_ISA_COMPILED
+#define ATTN_OPS_ADDITIVE_NS additive_avx2
+#include "additive/cpu/score_kernels.h"
+#endif

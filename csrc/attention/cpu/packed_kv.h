@@ -1,0 +1,88 @@
+// K and V of a whole problem in brgemm's packed layout, for the low-precision forward on AMX
+// (forward_tiles.h): tile t of (sequence b, KV head g) holds keys [t * tile, ...) as
+//   K^T [Dqk, width] in column blocks of kPackBlock keys, each packed as [Dqk, kPackBlock], and
+//   V [width, Dv] in column blocks of kPackBlock dims, each packed as [width, kPackBlock],
+// width = the tile's key count rounded up to kPackBlock (zero keys pad it): brgemm's packed operands are
+// kPackBlock columns wide. Packed once per call (one read of K and V) instead of once per query block;
+// the same size as K and V. Needs Dqk even and Dv a multiple of kPackBlock.
+#pragma once
+
+#include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/blas.h"
+#include "attention/cpu/row_ops.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
+
+constexpr int64_t kPackBlock = 64;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+template <typename scalar_t>
+class PackedKV {
+ public:
+  PackedKV(const AttentionProblem& p, int64_t tile, const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v,
+           const KeyLayout& v_layout)
+      : tile_(tile), dqk_(p.dim_qk), dv_(p.dim_v), heads_kv_(p.heads_kv), first_tile_(p.batch + 1, 0) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      first_tile_[b + 1] = first_tile_[b] + p.heads_kv * tiles_of(p.len_k[b]);
+    }
+    const int64_t total = first_tile_[p.batch];
+    k_.resize(total * dqk_ * tile_);
+    v_.resize(total * tile_ * dv_);
+    std::vector<int64_t> tile_batch(total);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      std::fill(tile_batch.begin() + first_tile_[b], tile_batch.begin() + first_tile_[b + 1], b);
+    }
+    at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> rows(std::max(dqk_, dv_) * tile_);  // one tile, unpacked
+      for (int64_t index = begin; index < end; ++index) {
+        const int64_t b = tile_batch[index], local = index - first_tile_[b];
+        const int64_t g = local % heads_kv_, k0 = (local / heads_kv_) * tile_;
+        const int64_t n = std::min(tile_, p.len_k[b] - k0), width = round_up(n, kPackBlock);
+        // K^T [Dqk, width]: column j is key k0 + j, zero past n.
+        std::fill(rows.begin(), rows.begin() + dqk_ * width, scalar_t(0));
+        for (int64_t j = 0; j < n; ++j) {
+          const scalar_t* key = k + k_layout.at(b, k0 + j, g);
+          for (int64_t d = 0; d < dqk_; ++d) {
+            rows[d * width + j] = key[d];
+          }
+        }
+        scalar_t* k_out = k_.data() + index * dqk_ * tile_;
+        for (int64_t c = 0; c < width; c += kPackBlock) {
+          lowp_brgemm_pack(dqk_, kPackBlock, width, rows.data() + c, k_out + c * dqk_);
+        }
+        // V [width, Dv]: row j is key k0 + j, zero past n.
+        std::fill(rows.begin() + n * dv_, rows.begin() + width * dv_, scalar_t(0));
+        for (int64_t j = 0; j < n; ++j) {
+          std::copy_n(v + v_layout.at(b, k0 + j, g), dv_, rows.data() + j * dv_);
+        }
+        scalar_t* v_out = v_.data() + index * tile_ * dv_;
+        for (int64_t c = 0; c < dv_; c += kPackBlock) {
+          lowp_brgemm_pack(width, kPackBlock, dv_, rows.data() + c, v_out + c * tile_);
+        }
+      }
+    });
+  }
+
+  // The packed tile of sequence b, KV head g that starts at key k0 (a multiple of the tile size): key
+  // block c (keys c * kPackBlock ...) of K^T at k_tile + c * kPackBlock * Dqk, dim block c of V (its first
+  // `keys` rows, keys even) at v_tile + c * kPackBlock * tile.
+  const scalar_t* k_tile(int64_t b, int64_t g, int64_t k0) const { return k_.data() + index(b, g, k0) * dqk_ * tile_; }
+  const scalar_t* v_tile(int64_t b, int64_t g, int64_t k0) const { return v_.data() + index(b, g, k0) * tile_ * dv_; }
+
+ private:
+  int64_t tiles_of(int64_t len) const { return (len + tile_ - 1) / tile_; }
+  int64_t index(int64_t b, int64_t g, int64_t k0) const { return first_tile_[b] + (k0 / tile_) * heads_kv_ + g; }
+
+  int64_t tile_, dqk_, dv_, heads_kv_;
+  std::vector<int64_t> first_tile_;  // [batch + 1]: index of sequence b's first tile
+  std::vector<scalar_t> k_, v_;
+};
+
+}  // namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS

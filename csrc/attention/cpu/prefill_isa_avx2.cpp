@@ -1,0 +1,25 @@
+// The prefill kernels (tiled attention forward and backward) for AVX2 + FMA + F16C, compiled for them
+// whatever the build's flags; prefill_cpu.cpp calls them only where the CPU has them.
+// The headers whose inline code the rest of the library shares come first, so that code stays portable
+// (common/cpu_isa_target.h).
+#include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/blas.h"
+#include "attention/cpu/parallel.h"
+#include "attention/cpu/prefill_kernels.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#define ATTN_OPS_TARGET_AVX2
+#include "common/cpu_isa_target.h"
+#if ATTN_OPS_ISA_COMPILED
+#define ATTN_OPS_PREFILL_NS prefill_avx2
+#include "attention/cpu/prefill_isa.h"
+#endif

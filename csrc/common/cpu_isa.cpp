@@ -1,0 +1,42 @@
+// Run-time choice of the per-instruction-set CPU kernel copies (cpu_isa.h).
+#include "common/cpu_isa.h"
+
+#include <ATen/Version.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace attn_ops {
+namespace {
+
+// What the CPU (and OS) support, as PyTorch's own kernels see it; read once.
+CpuIsa capability_of_this_cpu() {
+  static const CpuIsa isa = [] {
+#ifdef ATTN_OPS_X86_ISA_COPIES
+    const std::string capability = at::get_cpu_capability();
+    return capability == "AVX512" ? CpuIsa::kAvx512 : capability == "AVX2" ? CpuIsa::kAvx2 : CpuIsa::kDefault;
+#else
+    return CpuIsa::kDefault;
+#endif
+  }();
+  return isa;
+}
+
+}  // namespace
+
+CpuIsa cpu_isa() {
+  const CpuIsa best = capability_of_this_cpu();
+  const char* forced = std::getenv("ATTN_OPS_CPU_ISA");
+  if (forced == nullptr || *forced == '\0') {
+    return best;
+  }
+  const std::string name = forced;
+  TORCH_CHECK(name == "default" || name == "avx2" || name == "avx512",
+              "attn_ops: ATTN_OPS_CPU_ISA expected default, avx2 or avx512, got '", name, "'");
+  const CpuIsa wanted = name == "avx512" ? CpuIsa::kAvx512 : name == "avx2" ? CpuIsa::kAvx2 : CpuIsa::kDefault;
+  return std::min(wanted, best);
+}
+
+}  // namespace attn_ops

@@ -1,0 +1,131 @@
+"""Each instruction-set copy of the CPU vector kernels against the float64 reference.
+
+The library bakes no ISA flag into its build: the prefill forward / backward and the additive score loops
+are compiled for portable code, AVX2 and AVX-512, and the best copy the CPU has runs. ATTN_OPS_CPU_ISA
+(read at every call) caps the choice, so every copy this CPU can run is tested here, in this process.
+(The decode kernel's copies follow ATEN_CPU_CAPABILITY: tests/test_decode_cpu.py.)
+"""
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import attn_ops
+from additive_reference import additive_attention_ref, additive_inputs
+from reference import assert_close_to_ref, attention_ref, dense_inputs, varlen_inputs
+
+ORDER = ["default", "avx2", "avx512"]
+
+
+def capabilities_of_this_cpu():
+    best = torch.backends.cpu.get_cpu_capability().lower()
+    return ORDER[:ORDER.index(best) + 1] if best in ORDER else ["default"]
+
+
+@pytest.fixture(params=ORDER)
+def isa(request, monkeypatch):
+    if request.param not in capabilities_of_this_cpu():
+        pytest.skip(f"this CPU lacks {request.param}")
+    monkeypatch.setenv("ATTN_OPS_CPU_ISA", request.param)
+    return request.param
+
+
+def compare(ours, inputs, **kw):
+    """ours = (out, lse) against the float64 reference, with the same-dtype reference's error as the bound."""
+    r64 = attention_ref(*inputs, **kw)
+    same = attention_ref(*inputs, **kw, compute_dtype=inputs[0].dtype)
+    for name, o, r, s in zip(("out", "lse"), ours, r64, same):
+        assert_close_to_ref(o, r, s, name=name)
+
+
+# (B, Tq, Tk, Hq, Hkv, D, kwargs): key lengths across the forward's 256-key tile and the backward's
+# 128-key block, GQA groups 1 / 4 / all, causal, window, softcap, single rows.
+FORWARD_CASES = {
+    "gqa_causal": (2, 67, 300, 8, 2, 64, dict(causal=True)),
+    "mha_softcap": (1, 40, 129, 3, 3, 80, dict(softcap=20.0)),
+    "mqa_window": (1, 130, 130, 4, 1, 32, dict(window_left=17, window_right=3)),
+    "single_row": (2, 1, 1, 4, 2, 16, {}),
+    # D = 128: bfloat16 / float16 take brgemm (AMX) in the AVX-512 copy where the CPU has it.
+    "d128_causal_odd": (2, 77, 333, 8, 2, 128, dict(causal=True)),
+    "d128_softcap_cross": (1, 130, 65, 4, 4, 128, dict(softcap=15.0)),
+    "d128_negative_scale": (1, 40, 70, 4, 2, 128, dict(scale=-0.05, causal=True)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64],
+                         ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("case", FORWARD_CASES)
+def test_forward(isa, case, dtype):
+    B, Tq, Tk, Hq, Hkv, D, kw = FORWARD_CASES[case]
+    q, k, v = dense_inputs(B, Tq, Tk, Hq, Hkv, D, D, dtype, "cpu")
+    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+
+
+def test_forward_varlen_and_split_keys(isa):
+    """Varlen with an empty sequence (float32, bfloat16), and one long row per KV head (the key-split path
+    and its merge)."""
+    lens_q, lens_k = [5, 0, 33], [300, 7, 40]
+    q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, 4, 2, 64, 64, torch.float32, "cpu")
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+    q, k, v = dense_inputs(1, 1, 1500, 2, 1, 64, 64, torch.float32, "cpu")
+    compare(attn_ops.attention(q, k, v), (q, k, v))
+    q, k, v, cu_q, cu_k = varlen_inputs([70, 0, 1], [300, 5, 129], 8, 2, 128, 128, torch.bfloat16, "cpu")
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
+                         ids=lambda d: str(d).replace("torch.", ""))
+def test_backward(isa, dtype):
+    q, k, v = dense_inputs(2, 70, 150, 8, 2, 64, 64, dtype, "cpu")
+    dout = torch.randn(2, 70, 8, 64, dtype=dtype)
+    dlse = torch.randn(2, 8, 70, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    kw = dict(causal=True, softcap=30.0)
+
+    def grads(compute_dtype, fn):
+        leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
+        out, lse = fn(leaves)
+        return torch.autograd.grad((out, lse), leaves, (dout.to(compute_dtype), dlse.to(lse.dtype)))
+
+    ours = grads(dtype, lambda x: attn_ops.attention(*x, **kw))
+    r64 = grads(torch.float64, lambda x: attention_ref(*x, **kw))
+    same = grads(dtype, lambda x: attention_ref(*x, **kw, compute_dtype=dtype))
+    for name, o, r, s in zip(("dq", "dk", "dv"), ours, r64, same):
+        assert o.dtype == dtype
+        assert_close_to_ref(o, r, s, name=name)
+
+
+def test_gradcheck(isa):
+    q, k, v = (t.requires_grad_() for t in dense_inputs(1, 9, 13, 4, 2, 8, 8, torch.float64, "cpu"))
+    assert gradcheck(lambda q, k, v: attn_ops.attention(q, k, v, causal=True), (q, k, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
+                         ids=lambda d: str(d).replace("torch.", ""))
+def test_additive(isa, dtype):
+    """Both score forms: the exp form (small projections) and the tanh form (one entry scaled past it)."""
+    inputs64 = list(additive_inputs(2, 9, 37, 40, 16, requires_grad=False))
+    inputs64[0][1] *= 100.0  # batch entry 1 takes the tanh form
+    inputs64 = [t.requires_grad_() for t in inputs64]
+    dout = torch.randn(2, 9, 16, dtype=torch.float64)
+
+    def grads(fn, inputs):
+        out, lse = fn(inputs)[:2]
+        return [out.detach()] + list(torch.autograd.grad((out * dout.to(out)).sum() + lse.sum(), inputs))
+
+    ref = grads(lambda x: additive_attention_ref(*x), inputs64)
+    low = [t.detach().to(dtype).requires_grad_() for t in inputs64]
+    ours = grads(lambda x: attn_ops.additive_attention(*x), low)
+    same = grads(lambda x: additive_attention_ref(*x), [t.detach().to(dtype).requires_grad_() for t in inputs64])
+    for name, o, r, s in zip(["out", "dqp", "dkp", "dw", "dv"], ours, ref, same):
+        assert o.dtype == dtype
+        assert_close_to_ref(o, r, s, name=name)
+
+
+def test_unknown_isa_is_rejected(monkeypatch):
+    monkeypatch.setenv("ATTN_OPS_CPU_ISA", "sse9")
+    q, k, v = dense_inputs(1, 3, 3, 2, 1, 8, 8, torch.float32, "cpu")
+    with pytest.raises(RuntimeError) as e:
+        attn_ops.attention(q, k, v)
+    assert "attn_ops: ATTN_OPS_CPU_ISA expected default, avx2 or avx512, got 'sse9'" in str(e.value)
