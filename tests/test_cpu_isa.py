@@ -3,7 +3,7 @@
 The library bakes no ISA flag into its build: the prefill forward / backward and the additive score loops
 are compiled for portable code, AVX2 and AVX-512, and the best copy the CPU has runs. ATTN_OPS_CPU_ISA
 (read at every call) caps the choice, so every copy this CPU can run is tested here, in this process.
-(The decode kernel's copies follow ATEN_CPU_CAPABILITY: tests/test_decode_cpu.py.)
+(The decode kernel's copies are picked the same way; tests/test_decode_cpu.py reruns its cases for each.)
 """
 
 import pytest

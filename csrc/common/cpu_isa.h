@@ -15,4 +15,25 @@ enum class CpuIsa { kDefault, kAvx2, kAvx512 };
 // every call, so tests can run each copy in one process; a level above the CPU's is never taken).
 CpuIsa cpu_isa();
 
+// `entity` (a function, or a call of one) from the copy cpu_isa() picks, out of the namespaces
+// <family>_default / <family>_avx2 / <family>_avx512 that a kernel family's *_isa_<isa>.cpp files define:
+// ATTN_OPS_FOR_THIS_CPU(prefill, prefill_kernels<float>()) is prefill_avx512::prefill_kernels<float>()
+// on an AVX-512 CPU.
+#ifdef ATTN_OPS_X86_ISA_COPIES
+#define ATTN_OPS_FOR_THIS_CPU(family, ...)          \
+  [&] {                                             \
+    switch (::attn_ops::cpu_isa()) {                \
+      case ::attn_ops::CpuIsa::kAvx512:             \
+        return family##_avx512::__VA_ARGS__;        \
+      case ::attn_ops::CpuIsa::kAvx2:               \
+        return family##_avx2::__VA_ARGS__;          \
+      case ::attn_ops::CpuIsa::kDefault:            \
+        break;                                      \
+    }                                               \
+    return family##_default::__VA_ARGS__;           \
+  }()
+#else
+#define ATTN_OPS_FOR_THIS_CPU(family, ...) family##_default::__VA_ARGS__
+#endif
+
 }  // namespace attn_ops

@@ -38,17 +38,7 @@ ATTN_OPS_DECLARE_ADDITIVE_SCORE(additive_avx512)
 // The score loops of the best instruction set this CPU has (common/cpu_isa.h).
 template <typename acc_t>
 AdditiveScoreFns<acc_t> score_fns_for_this_cpu() {
-#ifdef ATTN_OPS_X86_ISA_COPIES
-  switch (cpu_isa()) {
-    case CpuIsa::kAvx512:
-      return additive_avx512::score_fns<acc_t>();
-    case CpuIsa::kAvx2:
-      return additive_avx2::score_fns<acc_t>();
-    case CpuIsa::kDefault:
-      break;
-  }
-#endif
-  return additive_default::score_fns<acc_t>();
+  return ATTN_OPS_FOR_THIS_CPU(additive, score_fns<acc_t>());
 }
 
 // Largest |q|, |k| for which exp(2 q) stays finite and nonzero in acc_t (exp(80) < FLT_MAX).

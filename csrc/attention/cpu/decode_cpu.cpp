@@ -7,13 +7,12 @@
 #include "attention/cpu/parallel.h"
 #include "attention/cpu/row_ops.h"
 #include "attention/cpu/split_merge.h"
+#include "common/cpu_isa.h"
 
-#include <ATen/Version.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,34 +21,11 @@ namespace {
 
 constexpr int64_t kMinSplitKeys = 512;  // below this a key split costs more to merge than it saves
 
-// The row kernel of the best instruction set this CPU has (ATEN_CPU_CAPABILITY=default|avx2|avx512 lowers
-// it, as it does for PyTorch's own kernels).
-enum class Isa { kDefault, kAvx2, kAvx512 };
-
-// PyTorch's CPU capability ("AVX512", "AVX2", "DEFAULT", ...), read once: it checks what the CPU
-// (and OS) support, and ATEN_CPU_CAPABILITY=default|avx2|avx512 lowers it.
-Isa this_cpu_isa() {
-  static const Isa isa = [] {
-    const std::string capability = at::get_cpu_capability();
-    return capability == "AVX512" ? Isa::kAvx512 : capability == "AVX2" ? Isa::kAvx2 : Isa::kDefault;
-  }();
-  return isa;
-}
-
-// The row kernels of the best instruction set this CPU has: streaming and GEMM.
+// The row kernels of the copy cpu_isa() picks (common/cpu_isa.h): streaming and GEMM.
 template <typename scalar_t, typename acc_t>
 std::pair<DecodeRowsFn<scalar_t, acc_t>, DecodeRowsFn<scalar_t, acc_t>> decode_rows_for_this_cpu() {
-#ifdef ATTN_OPS_DECODE_X86
-  switch (this_cpu_isa()) {
-    case Isa::kAvx512:
-      return {&decode_avx512::decode_rows<scalar_t, acc_t>, &decode_avx512::decode_rows_gemm<scalar_t, acc_t>};
-    case Isa::kAvx2:
-      return {&decode_avx2::decode_rows<scalar_t, acc_t>, &decode_avx2::decode_rows_gemm<scalar_t, acc_t>};
-    case Isa::kDefault:
-      break;
-  }
-#endif
-  return {&decode_default::decode_rows<scalar_t, acc_t>, &decode_default::decode_rows_gemm<scalar_t, acc_t>};
+  return {ATTN_OPS_FOR_THIS_CPU(decode, decode_rows<scalar_t, acc_t>),
+          ATTN_OPS_FOR_THIS_CPU(decode, decode_rows_gemm<scalar_t, acc_t>)};
 }
 
 template <typename scalar_t, typename acc_t>

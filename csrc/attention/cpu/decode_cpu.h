@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
+#include "common/cpu_isa.h"
 
 #include <cstdint>
 
@@ -62,8 +63,7 @@ using DecodeRowsFn = void (*)(const DecodeRows<scalar_t, acc_t>&);
   void decode_rows_gemm(const DecodeRows<scalar_t, acc_t>& a);      \
   }
 ATTN_OPS_DECLARE_DECODE_ROWS(decode_default)
-#if defined(__x86_64__) && defined(__GNUC__)
-#define ATTN_OPS_DECODE_X86 1
+#ifdef ATTN_OPS_X86_ISA_COPIES
 ATTN_OPS_DECLARE_DECODE_ROWS(decode_avx2)
 ATTN_OPS_DECLARE_DECODE_ROWS(decode_avx512)
 #endif

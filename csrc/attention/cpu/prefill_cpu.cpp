@@ -10,17 +10,7 @@ namespace {
 
 template <typename scalar_t>
 PrefillKernels<scalar_t> prefill_kernels_for_this_cpu() {
-#ifdef ATTN_OPS_X86_ISA_COPIES
-  switch (cpu_isa()) {
-    case CpuIsa::kAvx512:
-      return prefill_avx512::prefill_kernels<scalar_t>();
-    case CpuIsa::kAvx2:
-      return prefill_avx2::prefill_kernels<scalar_t>();
-    case CpuIsa::kDefault:
-      break;
-  }
-#endif
-  return prefill_default::prefill_kernels<scalar_t>();
+  return ATTN_OPS_FOR_THIS_CPU(prefill, prefill_kernels<scalar_t>());
 }
 
 }  // namespace
