@@ -1,7 +1,8 @@
 """Each instruction-set copy of the CPU vector kernels against the float64 reference.
 
 The library bakes no ISA flag into its build: the prefill forward / backward and the additive score loops
-are compiled for portable code, AVX2 and AVX-512, and the best copy the CPU has runs. ATTN_OPS_CPU_ISA
+are compiled for portable code, AVX2 and AVX-512 (the additive loops for portable code and AVX2 only),
+and the best copy the CPU has runs. ATTN_OPS_CPU_ISA
 (read at every call) caps the choice, so every copy this CPU can run is tested here, in this process.
 (The decode kernel's copies are picked the same way; tests/test_decode_cpu.py reruns its cases for each.)
 """
