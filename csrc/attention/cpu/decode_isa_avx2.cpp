@@ -1,6 +1,22 @@
 // The decode row kernel for AVX2 + FMA + F16C, compiled for them whatever the build's flags (the
 // target header comes before any include, so at::vec's AVX2 code and everything inlined into it use them);
 // decode_cpu.cpp calls it only where the CPU has them.
+// The headers whose inline code the rest of the library shares come first, so that code stays portable
+// (common/cpu_isa_target.h): compiled after the target pragma, the BLAS wrappers of blas.h became weak
+// symbols with AVX-512 bodies that the linker could pick for the whole library.
+#include "attention/cpu/blas.h"
+#include "attention/cpu/decode_cpu.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+
 #define ATTN_OPS_TARGET_AVX2
 #include "common/cpu_isa_target.h"
 #if ATTN_OPS_ISA_COMPILED
