@@ -10,13 +10,13 @@
 # small is skipped ("SKIP (time)"). Stages that run past their share get SIGINT (pytest and the
 # benchmarks then still write their reports), then SIGKILL 20 s later.
 #
-# OUTDIR receives at most 5 files, refreshed after every stage (so a run killed from outside still
-# leaves its results so far): summary.md, bench_attention.md, bench_decode.md, bench_mla.md and
-# logs.tar.gz (every stage's log, trimmed; junit xml; benchmark json; nvidia-smi).
+# OUTDIR receives at most 6 files, refreshed after every stage (so a run killed from outside still
+# leaves its results so far): summary.md, probes.md, bench_attention.md, bench_decode.md, bench_mla.md
+# and logs.tar.gz (every stage's log, trimmed; junit xml; benchmark json; nvidia-smi).
 #
 # Environment:
 #   GPU_CHECK_BUDGET=540        total seconds
-#   GPU_CHECK_SKIP=a,b          stages to skip: env build register smoke cuda_tests memcheck racecheck
+#   GPU_CHECK_SKIP=a,b          stages to skip: env build register smoke probes cuda_tests memcheck racecheck
 #                               bench_attention bench_decode bench_mla cpu_tests
 #   GPU_CHECK_XDIST=8           pytest-xdist workers for the test suites (0: none; used if installed)
 #   GPU_CHECK_CPU_TESTS=1       run the CPU cases last with the time left (0: never)
@@ -84,13 +84,13 @@ skip_stage() {  # name reason
 }
 
 # Stage weights (tenths): each stage's limit = time left x its weight / the weights still to come.
-declare -A WEIGHT=([smoke]=14 [cuda_tests]=28 [memcheck]=18 [racecheck]=9 [bench_attention]=18
+declare -A WEIGHT=([smoke]=14 [probes]=16 [cuda_tests]=28 [memcheck]=18 [racecheck]=9 [bench_attention]=18
                    [bench_decode]=10 [bench_mla]=7)
-declare -A CAP=([smoke]=150 [cuda_tests]=300 [memcheck]=200 [racecheck]=120 [bench_attention]=240
+declare -A CAP=([smoke]=150 [probes]=180 [cuda_tests]=300 [memcheck]=200 [racecheck]=120 [bench_attention]=240
                 [bench_decode]=150 [bench_mla]=90)
-declare -A FLOOR=([smoke]=30 [cuda_tests]=45 [memcheck]=45 [racecheck]=30 [bench_attention]=50
+declare -A FLOOR=([smoke]=30 [probes]=40 [cuda_tests]=45 [memcheck]=45 [racecheck]=30 [bench_attention]=50
                   [bench_decode]=40 [bench_mla]=30)
-ORDER=(smoke cuda_tests memcheck racecheck bench_attention bench_decode bench_mla)
+ORDER=(smoke probes cuda_tests memcheck racecheck bench_attention bench_decode bench_mla)
 DONE_WEIGHT=","
 share() {  # name -> SHARE, the stage's seconds (0: not enough time); its weight is then spent
   local name=$1 w=0 s
@@ -198,9 +198,9 @@ finalize() {
       esac
     done
   } >"$sum" 2>&1
-  # OUTDIR: at most 5 files, refreshed in place
+  # OUTDIR: at most 6 files, refreshed in place
   cp "$sum" "$OUTDIR/summary.md"
-  for b in bench_attention bench_decode bench_mla; do
+  for b in probes bench_attention bench_decode bench_mla; do
     [[ -f $WORK/$b.md ]] && cp "$WORK/$b.md" "$OUTDIR/$b.md"
   done
   stage="$WORK/bundle/gpu_check_logs"
@@ -358,6 +358,19 @@ EOF
 )
 }
 
+# cuda_stage_time NAME: the stage's share of the time in T, or T=0 with the stage recorded as skipped
+# (by GPU_CHECK_SKIP, no build, no CUDA, or too little time left).
+cuda_stage_time() {
+  share "$1"; T=$SHARE
+  if skipped_by_user "$1"; then
+    skip_stage "$1" "GPU_CHECK_SKIP"; T=0
+  elif ((!BUILT || !HAS_CUDA)); then
+    skip_stage "$1" "$( ((BUILT)) && echo 'no CUDA' || echo 'no build')"; T=0
+  elif ((T == 0)); then
+    skip_stage "$1" "time"
+  fi
+}
+
 GRAPH_TESTS=(tests/test_cuda_smoke.py tests/test_cuda_graphs.py)
 if skipped_by_user smoke; then
   share smoke; skip_stage smoke "GPU_CHECK_SKIP"
@@ -373,19 +386,25 @@ else
   fi
 fi
 
-if skipped_by_user cuda_tests; then
-  share cuda_tests; skip_stage cuda_tests "GPU_CHECK_SKIP"
-elif ((!BUILT || !HAS_CUDA)); then
-  share cuda_tests; skip_stage cuda_tests "$( ((BUILT)) && echo 'no CUDA' || echo 'no build')"
-else
-  share cuda_tests; t=$SHARE
-  if ((t == 0)); then skip_stage cuda_tests "time"; else
-    # shellcheck disable=SC2046
-    run_stage cuda_tests "$t" env TORCHINDUCTOR_COMPILE_THREADS=1 "${PYTEST_BASE[@]}" $(xdist_args) $(timeout_args 180) \
-      --junitxml="$WORK/junit_cuda_tests.xml" -k cuda --ignore=tests/test_cuda_smoke.py --ignore=tests/test_cuda_graphs.py tests
-    pytest_status cuda_tests
-    finalize
-  fi
+# The risk probes (benchmarks/gpu_probes.py): long-context MLA / attention / cache capacity and the
+# dtype x head-dim x length sweep, each against float64; the script stops its sweep at its own budget.
+cuda_stage_time probes
+if ((T > 0)); then
+  run_stage probes "$T" "$PY" benchmarks/gpu_probes.py --device cuda --time-budget $((T * 3 / 4)) \
+    --out "$WORK/probes.md" --json "$WORK/probes.json"
+  find_stage probes; i=$IDX
+  NOTES[$i]=$(grep -m1 -E "^- checks:" "$WORK/probes.md" 2>/dev/null | sed 's/^- //')
+  (( RC == 1 )) && STATUS[$i]="FAIL (probes failed)"
+  finalize
+fi
+
+cuda_stage_time cuda_tests
+if ((T > 0)); then
+  # shellcheck disable=SC2046
+  run_stage cuda_tests "$T" env TORCHINDUCTOR_COMPILE_THREADS=1 "${PYTEST_BASE[@]}" $(xdist_args) $(timeout_args 180) \
+    --junitxml="$WORK/junit_cuda_tests.xml" -k cuda --ignore=tests/test_cuda_smoke.py --ignore=tests/test_cuda_graphs.py tests
+  pytest_status cuda_tests
+  finalize
 fi
 
 # ------------------------------------------------------------------------------ (d) sanitizers
