@@ -2,7 +2,7 @@
 // same passes as the CPU backend (see lightning/cpu/lightning_cpu.cpp for the gradient formulas), each one
 // launch of lightning_pass_kernel on the current stream. Compiled for sm_90; not yet run on a GPU.
 #include "lightning/cuda/pass_kernel.cuh"
-#include "lightning/validation.h"
+#include "lightning/entry.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -24,7 +24,7 @@ DevRows<const T> in_rows(const at::Tensor& t, bool packed, bool per_kv_head) {
 }
 
 template <typename T>
-DevRows<T> out_rows(at::Tensor& t, bool packed) {
+DevRows<T> out_rows(const at::Tensor& t, bool packed) {
   return dev_rows<T>(t.mutable_data_ptr<T>(), t, packed, false);
 }
 
@@ -68,89 +68,62 @@ void launch(const PassArgs<in_t, out_t, A>& a) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-at::Tensor undefined_or(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? *t : at::Tensor();
-}
-
-std::tuple<at::Tensor, at::Tensor> lightning_attention_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                            const at::Tensor& v, const at::Tensor& slope,
-                                                            double scale,
-                                                            const std::optional<at::Tensor>& initial_state,
-                                                            const std::optional<at::Tensor>& cu_seqlens,
-                                                            std::optional<int64_t> max_seqlen,
-                                                            std::optional<int64_t> block_size) {
-  const LightningProblem p = prepare_lightning_attention("attn_ops.lightning_attention", q, k, v, slope, scale,
-                                                         initial_state, cu_seqlens, max_seqlen, block_size);
+void lightning_forward_cuda(const LightningProblem& p, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& slope, double scale,
+                            const at::Tensor& initial_state, const std::optional<at::Tensor>& cu_seqlens,
+                            const at::Tensor& out, const at::Tensor& final_state) {
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty_symint(p.out_sizes, q.options());                                // [B, T, H, Dv]
-  at::Tensor final_state = at::empty_symint(p.state_sizes, q.options().dtype(p.state_dtype));  // [B, H, Dk, Dv]
-  const at::Tensor slope_c = slope.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_cuda", [&] {
     using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
-    set_problem(a, p, cu_seqlens, slope_c);
+    set_problem(a, p, cu_seqlens, slope);
     a.qq = in_rows<scalar_t>(q, p.varlen, false);
     a.kk = in_rows<scalar_t>(k, p.varlen, true);
     a.vv = in_rows<scalar_t>(v, p.varlen, true);
     a.out = out_rows<scalar_t>(out, p.varlen);
     a.dk = p.head_dim.expect_int();
     a.dv = p.head_dim_v.expect_int();
-    a.init = dev_state<A>(undefined_or(initial_state), false);
+    a.init = dev_state<A>(initial_state, false);
     a.fin = dev_state<A>(final_state, false);
     a.out_scale = static_cast<A>(scale);
     launch(a);
   });
-  return {out, final_state};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_backward_cuda(
-    const at::Tensor& dout_in, const std::optional<at::Tensor>& dfinal_state, const at::Tensor& q,
-    const at::Tensor& k, const at::Tensor& v, const at::Tensor& slope, double scale,
-    const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
-    std::optional<int64_t> max_seqlen, std::optional<int64_t> block_size) {
-  const LightningProblem p = prepare_lightning_attention_backward(dout_in, dfinal_state, q, k, v, slope, scale, initial_state,
-                                                                  cu_seqlens, max_seqlen, block_size);
+// The three passes of the backward (the formulas: lightning/entry.h).
+void lightning_backward_cuda(const LightningProblem& p, const at::Tensor& dout, const at::Tensor& dfinal_state,
+                             const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& slope,
+                             double scale, const at::Tensor& initial_state,
+                             const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& dq,
+                             const at::Tensor& dk_heads, const at::Tensor& dv_heads, const at::Tensor& g1) {
   const c10::cuda::CUDAGuard guard(q.device());
-  const at::Tensor dout = dout_in.stride(-1) == 1 ? dout_in : dout_in.contiguous();
-  const int64_t heads = p.heads.expect_int(), heads_kv = p.heads_kv.expect_int();
   const int64_t dk_dim = p.head_dim.expect_int(), dv_dim = p.head_dim_v.expect_int();
-  const auto acc_options = q.options().dtype(p.state_dtype);
-  std::vector<int64_t> tokens(q.sizes().begin(), q.sizes().end() - 2);
-  auto per_query_head = [&](int64_t width) {
-    std::vector<int64_t> sizes = tokens;
-    sizes.insert(sizes.end(), {heads, width});
-    return at::empty(sizes, acc_options);
-  };
-  at::Tensor dq = at::empty(q.sizes(), q.options());
-  at::Tensor dk_h = per_query_head(dk_dim), dv_h = per_query_head(dv_dim);
-  at::Tensor g1 = at::empty_symint(p.state_sizes, acc_options);
-  const at::Tensor slope_c = slope.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_backward_cuda", [&] {
     using A = acc_type<scalar_t>;
     {  // dq: forward in time from initial_state^T
       PassArgs<scalar_t, scalar_t, A> a;
-      set_problem(a, p, cu_seqlens, slope_c);
+      set_problem(a, p, cu_seqlens, slope);
       a.qq = in_rows<scalar_t>(dout, p.varlen, false);
       a.kk = in_rows<scalar_t>(v, p.varlen, true);
       a.vv = in_rows<scalar_t>(k, p.varlen, true);
       a.out = out_rows<scalar_t>(dq, p.varlen);
       a.dk = dv_dim;
       a.dv = dk_dim;
-      a.init = dev_state<A>(undefined_or(initial_state), true);
+      a.init = dev_state<A>(initial_state, true);
       a.out_scale = static_cast<A>(scale);
       launch(a);
     }
     // dk (state G^T) and dv (state G, ending at G_1): reversed in time from dfinal_state, entering undecayed.
     for (const bool is_dk : {true, false}) {
       PassArgs<scalar_t, A, A> a;
-      set_problem(a, p, cu_seqlens, slope_c);
+      set_problem(a, p, cu_seqlens, slope);
       a.qq = in_rows<scalar_t>(is_dk ? v : k, p.varlen, true);
       a.kk = in_rows<scalar_t>(is_dk ? dout : q, p.varlen, false);
       a.vv = in_rows<scalar_t>(is_dk ? q : dout, p.varlen, false);
-      a.out = out_rows<A>(is_dk ? dk_h : dv_h, p.varlen);
+      a.out = out_rows<A>(is_dk ? dk_heads : dv_heads, p.varlen);
       a.dk = is_dk ? dv_dim : dk_dim;
       a.dv = is_dk ? dk_dim : dv_dim;
-      a.init = dev_state<A>(undefined_or(dfinal_state), is_dk);
+      a.init = dev_state<A>(dfinal_state, is_dk);
       a.fin = is_dk ? DevState<A>{} : dev_state<A>(g1, false);
       a.kv_scale = static_cast<A>(scale);
       a.reverse = true;
@@ -158,27 +131,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_b
       launch(a);
     }
   });
-  auto group_sum = [&](const at::Tensor& per_head, int64_t width) {
-    std::vector<int64_t> sizes = tokens;
-    sizes.insert(sizes.end(), {heads_kv, heads / heads_kv, width});
-    return per_head.view(sizes).sum(-2).to(q.scalar_type());
-  };
-  at::Tensor dinit = g1 * at::exp(-slope_c.to(p.state_dtype)).view({1, heads, 1, 1});
-  return {dq, group_sum(dk_h, dk_dim), group_sum(dv_h, dv_dim), dinit};
 }
 
-at::Tensor lightning_attention_decode__cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                            const at::Tensor& state, const at::Tensor& slope, double scale,
-                                            const std::optional<at::Tensor>& state_indices) {
-  const LightningProblem p = prepare_lightning_decode(q, k, v, state, slope, scale, state_indices);
+void lightning_decode_cuda(const LightningProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& state, const at::Tensor& slope, double scale, const at::Tensor& slots,
+                           const at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty_symint(p.out_sizes, q.options());  // [B, Tq, H, Dv]
-  const at::Tensor slope_c = slope.contiguous();
-  const at::Tensor slots = state_indices.has_value() ? state_indices->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_decode_cuda", [&] {
     using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
-    set_problem(a, p, std::nullopt, slope_c);
+    set_problem(a, p, std::nullopt, slope);
     a.qq = in_rows<scalar_t>(q, false, false);
     a.kk = in_rows<scalar_t>(k, false, true);
     a.vv = in_rows<scalar_t>(v, false, true);
@@ -192,15 +154,14 @@ at::Tensor lightning_attention_decode__cuda(const at::Tensor& q, const at::Tenso
     a.out_scale = static_cast<A>(scale);
     launch(a);
   });
-  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
-  m.impl("lightning_attention", &lightning_attention_cuda);
-  m.impl("lightning_attention_backward", &lightning_attention_backward_cuda);
-  m.impl("lightning_attention_decode_", &lightning_attention_decode__cuda);
+  m.impl("lightning_attention", &lightning_attention_on<lightning_forward_cuda>);
+  m.impl("lightning_attention_backward", &lightning_attention_backward_on<lightning_backward_cuda>);
+  m.impl("lightning_attention_decode_", &lightning_attention_decode_on<lightning_decode_cuda>);
 }
 
 }  // namespace attn_ops::cuda
