@@ -3,6 +3,7 @@
 // lives in an inline namespace named after it, as at::vec does, so each ISA's copy is a distinct symbol.
 #pragma once
 
+#include "attention/cpu/fast_exp.h"
 #include "common/acc_type.h"
 
 #include <ATen/cpu/vec/functional.h>
@@ -59,15 +60,22 @@ inline T row_max(const T* x, int64_t n) {
   return m;
 }
 
-// x = exp(x - shift) in place; returns the sum of the new values.
-template <typename T>
+// x = exp(x - shift) in place; returns the sum of the new values. no_nan: the caller knows that no x - shift
+// is NaN (x has no NaN or +inf, shift is finite), which lets float take the faster exp_no_nan.
+template <typename T, bool no_nan = false>
 inline T exp_shift_sum(T* x, int64_t n, T shift) {
   constexpr int64_t W = Vec<T>::size();
   const Vec<T> vs(shift);
   Vec<T> vsum(T(0));
   int64_t i = 0;
   for (; i + W <= n; i += W) {
-    Vec<T> e = vec_exp(Vec<T>::loadu(x + i) - vs);
+    const Vec<T> shifted = Vec<T>::loadu(x + i) - vs;
+    Vec<T> e;
+    if constexpr (no_nan && std::is_same_v<T, float>) {
+      e = exp_no_nan(shifted);
+    } else {
+      e = vec_exp(shifted);
+    }
     e.store(x + i);
     vsum = vsum + e;
   }
@@ -208,40 +216,61 @@ inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T so
     fill_row(srow, n, T(0));                              // as a masked key (exp(-inf - -inf) would be NaN)
     return;
   }
-  const T tile_sum = exp_shift_sum(visible, count, new_max);
+  // A finite max means no score is NaN or +inf (either would be the max).
+  const T tile_sum = std::isfinite(new_max) ? exp_shift_sum<T, true>(visible, count, new_max)
+                                            : exp_shift_sum(visible, count, new_max);
   fill_row(srow, lo, T(0));
   fill_row(srow + hi + 1, n - hi - 1, T(0));
   move_running_max(new_max, run_max, run_sum, acc, dv);
   run_sum += tile_sum;
 }
 
+// prob[lo, hi] = exp(scale * s - shift) in lowp_t; returns the sum of the float values. no_nan: no
+// scale * s - shift is NaN (exp_shift_sum); native_bf16: store_lowp's.
+template <bool no_nan, bool native_bf16, typename lowp_t>
+inline float exp_to_lowp(const float* s, lowp_t* prob, int64_t lo, int64_t hi, float scale, float shift) {
+  constexpr int64_t W = Vec<float>::size();
+  const Vec<float> vscale(scale), vshift(-shift);
+  auto exp_at = [&](int64_t i) {
+    const Vec<float> x = at::vec::fmadd(Vec<float>::loadu(s + i), vscale, vshift);
+    if constexpr (no_nan) {
+      return exp_no_nan(x);
+    } else {
+      return vec_exp(x);
+    }
+  };
+  Vec<float> vsum(0.f);
+  int64_t i = lo;
+  for (; i + 2 * W <= hi + 1; i += 2 * W) {
+    const Vec<float> e0 = exp_at(i), e1 = exp_at(i + W);
+    vsum = vsum + e0 + e1;
+    store_lowp<native_bf16>(e0, e1, prob + i);
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec<float>& a, Vec<float>& b) { return a + b; }, vsum);
+  for (; i <= hi; ++i) {
+    const float e = std::exp(scale * s[i] - shift);
+    sum += e;
+    prob[i] = static_cast<lowp_t>(e);
+  }
+  return sum;
+}
+
 // online_softmax_step for the low-precision brgemm path, in two passes instead of four: raw scores s[n]
 // (before the softmax scale, which must be > 0; no soft-capping) in, the probabilities
 // exp(scale * s - running max) out in the input dtype, prob[0, n) (0 where not visible), ready for P V.
+// native_bf16: round to bfloat16 with AVX512-BF16 (store_lowp; only where cpu_has_avx512bf16()).
 template <typename lowp_t>
 inline void online_softmax_step_lowp(const float* s, lowp_t* prob, int64_t n, int64_t lo, int64_t hi, float scale,
-                                     float& run_max, float& run_sum, float* acc, int64_t dv) {
+                                     float& run_max, float& run_sum, float* acc, int64_t dv, bool native_bf16) {
   const float new_max = lo > hi ? run_max : nan_max(run_max, scale * row_max(s + lo, hi - lo + 1));
   if (lo > hi || new_max == -std::numeric_limits<float>::infinity()) {  // adds nothing (online_softmax_step)
     std::fill(prob, prob + n, lowp_t(0));
     return;
   }
-  constexpr int64_t W = Vec<float>::size();
-  const Vec<float> vscale(scale), vshift(-new_max);
-  Vec<float> vsum(0.f);
-  int64_t i = lo;
-  for (; i + 2 * W <= hi + 1; i += 2 * W) {
-    const Vec<float> e0 = vec_exp(at::vec::fmadd(Vec<float>::loadu(s + i), vscale, vshift));
-    const Vec<float> e1 = vec_exp(at::vec::fmadd(Vec<float>::loadu(s + i + W), vscale, vshift));
-    vsum = vsum + e0 + e1;
-    at::vec::convert_from_float<lowp_t>(e0, e1).store(prob + i);
-  }
-  float tile_sum = at::vec::vec_reduce_all<float>([](Vec<float>& a, Vec<float>& b) { return a + b; }, vsum);
-  for (; i <= hi; ++i) {
-    const float e = std::exp(scale * s[i] - new_max);
-    tile_sum += e;
-    prob[i] = static_cast<lowp_t>(e);
-  }
+  // A finite max means no score is NaN or +inf (either would be the max).
+  const float tile_sum = !std::isfinite(new_max) ? exp_to_lowp<false, false>(s, prob, lo, hi, scale, new_max)
+                         : native_bf16           ? exp_to_lowp<true, true>(s, prob, lo, hi, scale, new_max)
+                                                 : exp_to_lowp<true, false>(s, prob, lo, hi, scale, new_max);
   std::fill(prob, prob + lo, lowp_t(0));
   std::fill(prob + hi + 1, prob + n, lowp_t(0));
   move_running_max(new_max, run_max, run_sum, acc, dv);
