@@ -50,23 +50,44 @@ inline at::vec::Vectorized<float> exp_no_nan(const at::vec::Vectorized<float>& x
 #endif
 }
 
-// Stores a and b (2 x Vectorized<float>::size() values, a first) in lowp_t (bfloat16 or float16), rounded
-// to nearest even. native_bf16: bfloat16 with AVX512-BF16's vcvtne2ps2bf16 (one instruction for 32 values;
-// the caller checked that the CPU has it: cpu_has_avx512bf16()), as inline assembly so that the AVX-512
-// copy keeps running on AVX-512 CPUs without it (a function with that target could not inline into the
-// loops). Else at::vec's conversion (bfloat16: rounding in integer arithmetic).
+// max(a, b) per lane for callers that check for NaN separately: one instruction where at::vec::maximum
+// adds a NaN compare and blend.
+template <typename T>
+inline at::vec::Vectorized<T> max_no_nan(const at::vec::Vectorized<T>& a, const at::vec::Vectorized<T>& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_max_ps(a, b);
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_max_ps(a, b);
+  }
+#endif
+  return at::vec::maximum(a, b);
+}
+
+// Stores the first `count` of a and b (2 x Vectorized<float>::size() values, a first) in lowp_t (bfloat16 or
+// float16), rounded to nearest even. native_bf16: bfloat16 with AVX512-BF16's vcvtne2ps2bf16 (one instruction
+// for 32 values; the caller checked that the CPU has it: cpu_has_avx512bf16()), as inline assembly so that
+// the AVX-512 copy keeps running on AVX-512 CPUs without it (a function with that target could not inline
+// into the loops). Else at::vec's conversion (bfloat16: rounding in integer arithmetic).
 template <bool native_bf16, typename lowp_t>
-inline void store_lowp(const at::vec::Vectorized<float>& a, const at::vec::Vectorized<float>& b, lowp_t* dst) {
+inline void store_lowp(const at::vec::Vectorized<float>& a, const at::vec::Vectorized<float>& b, lowp_t* dst,
+                       int64_t count = 2 * at::vec::Vectorized<float>::size()) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
   if constexpr (native_bf16 && std::is_same_v<lowp_t, c10::BFloat16>) {
     __m512i packed;
     // AT&T operand order: src2 (the lower half of the result), src1 (the upper half), destination.
     asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(packed) : "v"(static_cast<__m512>(b)), "v"(static_cast<__m512>(a)));
-    _mm512_storeu_si512(dst, packed);
+    if (count == 32) {
+      _mm512_storeu_si512(dst, packed);
+    } else {
+      _mm512_mask_storeu_epi16(dst, static_cast<__mmask32>((uint64_t(1) << count) - 1), packed);
+    }
     return;
   }
 #endif
-  at::vec::convert_from_float<lowp_t>(a, b).store(dst);
+  at::vec::convert_from_float<lowp_t>(a, b).store(dst, count);
 }
 
 }  // namespace CPU_CAPABILITY

@@ -60,6 +60,42 @@ inline T row_max(const T* x, int64_t n) {
   return m;
 }
 
+// exp(x): exp_no_nan for float when the caller knows x has no NaN (no_nan), else vec_exp.
+template <bool no_nan, typename T>
+inline Vec<T> exp_no_nan_or_exact(const Vec<T>& x) {
+  if constexpr (no_nan && std::is_same_v<T, float>) {
+    return exp_no_nan(x);
+  } else {
+    return vec_exp(x);
+  }
+}
+
+// The largest of x[0, n) (n >= 1) into *max; returns whether every value is finite (checked through their
+// sum: NaN or inf makes it non-finite; a sum that overflows only sends the caller to its exact path). Two
+// accumulators and a plain max: cheaper than row_max's NaN-propagating compare chain.
+template <typename T>
+inline bool finite_row_max(const T* x, int64_t n, T* max) {
+  constexpr int64_t W = Vec<T>::size();
+  const Vec<T> lowest(-std::numeric_limits<T>::infinity());
+  Vec<T> m0(lowest), m1(lowest), s0(T(0)), s1(T(0));
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const Vec<T> a = Vec<T>::loadu(x + i), b = Vec<T>::loadu(x + i + W);
+    m0 = max_no_nan(m0, a);
+    m1 = max_no_nan(m1, b);
+    s0 = s0 + a;
+    s1 = s1 + b;
+  }
+  for (; i < n; i += W) {  // partial vectors: zeros in the unused lanes, -inf for the max
+    const int64_t rest = std::min(W, n - i);
+    const Vec<T> a = Vec<T>::loadu(x + i, rest);
+    m0 = max_no_nan(m0, Vec<T>::set(lowest, a, rest));
+    s0 = s0 + a;
+  }
+  *max = at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return max_no_nan(a, b); }, max_no_nan(m0, m1));
+  return std::isfinite(at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, s0 + s1));
+}
+
 // x = exp(x - shift) in place; returns the sum of the new values. no_nan: the caller knows that no x - shift
 // is NaN (x has no NaN or +inf, shift is finite), which lets float take the faster exp_no_nan.
 template <typename T, bool no_nan = false>
@@ -69,15 +105,19 @@ inline T exp_shift_sum(T* x, int64_t n, T shift) {
   Vec<T> vsum(T(0));
   int64_t i = 0;
   for (; i + W <= n; i += W) {
-    const Vec<T> shifted = Vec<T>::loadu(x + i) - vs;
-    Vec<T> e;
-    if constexpr (no_nan && std::is_same_v<T, float>) {
-      e = exp_no_nan(shifted);
-    } else {
-      e = vec_exp(shifted);
-    }
+    const Vec<T> e = exp_no_nan_or_exact<no_nan>(Vec<T>::loadu(x + i) - vs);
     e.store(x + i);
     vsum = vsum + e;
+  }
+  if constexpr (no_nan) {
+    if (i < n) {  // the tail as one partial vector (its other lanes zeroed), not scalar exps
+      const int64_t rest = n - i;
+      const Vec<T> tail = exp_no_nan_or_exact<no_nan>(Vec<T>::loadu(x + i, rest) - vs);
+      const Vec<T> e = Vec<T>::set(Vec<T>(T(0)), tail, rest);
+      e.store(x + i, rest);
+      vsum = vsum + e;
+      i = n;
+    }
   }
   T sum = at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, vsum);
   for (; i < n; ++i) {
@@ -211,14 +251,17 @@ inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T so
   if (softcap > 0) {
     softcap_row(visible, count, softcap);
   }
-  const T new_max = nan_max(run_max, row_max(visible, count));
-  if (new_max == -std::numeric_limits<T>::infinity()) {  // every visible score so far is -inf: weight 0 each,
-    fill_row(srow, n, T(0));                              // as a masked key (exp(-inf - -inf) would be NaN)
-    return;
+  T tile_max, new_max, tile_sum;
+  if (finite_row_max(visible, count, &tile_max) && std::isfinite(new_max = std::max(run_max, tile_max))) {
+    tile_sum = exp_shift_sum<T, true>(visible, count, new_max);
+  } else {  // NaN / inf in this tile or an earlier one: the exact path, which spreads NaN
+    new_max = nan_max(run_max, row_max(visible, count));
+    if (new_max == -std::numeric_limits<T>::infinity()) {  // every visible score so far is -inf: weight 0
+      fill_row(srow, n, T(0));                              // each, as a masked key (exp(-inf - -inf) is NaN)
+      return;
+    }
+    tile_sum = exp_shift_sum(visible, count, new_max);
   }
-  // A finite max means no score is NaN or +inf (either would be the max).
-  const T tile_sum = std::isfinite(new_max) ? exp_shift_sum<T, true>(visible, count, new_max)
-                                            : exp_shift_sum(visible, count, new_max);
   fill_row(srow, lo, T(0));
   fill_row(srow + hi + 1, n - hi - 1, T(0));
   move_running_max(new_max, run_max, run_sum, acc, dv);
@@ -226,25 +269,30 @@ inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T so
 }
 
 // prob[lo, hi] = exp(scale * s - shift) in lowp_t; returns the sum of the float values. no_nan: no
-// scale * s - shift is NaN (exp_shift_sum); native_bf16: store_lowp's.
+// scale * s - shift is NaN (exp_no_nan_or_exact); native_bf16: store_lowp's.
 template <bool no_nan, bool native_bf16, typename lowp_t>
 inline float exp_to_lowp(const float* s, lowp_t* prob, int64_t lo, int64_t hi, float scale, float shift) {
   constexpr int64_t W = Vec<float>::size();
   const Vec<float> vscale(scale), vshift(-shift);
-  auto exp_at = [&](int64_t i) {
-    const Vec<float> x = at::vec::fmadd(Vec<float>::loadu(s + i), vscale, vshift);
-    if constexpr (no_nan) {
-      return exp_no_nan(x);
-    } else {
-      return vec_exp(x);
-    }
-  };
+  auto exp_of = [&](const Vec<float>& x) { return exp_no_nan_or_exact<no_nan>(at::vec::fmadd(x, vscale, vshift)); };
   Vec<float> vsum(0.f);
   int64_t i = lo;
   for (; i + 2 * W <= hi + 1; i += 2 * W) {
-    const Vec<float> e0 = exp_at(i), e1 = exp_at(i + W);
+    const Vec<float> e0 = exp_of(Vec<float>::loadu(s + i)), e1 = exp_of(Vec<float>::loadu(s + i + W));
     vsum = vsum + e0 + e1;
     store_lowp<native_bf16>(e0, e1, prob + i);
+  }
+  if constexpr (no_nan) {
+    if (i <= hi) {  // the tail as partial vectors (their other lanes zeroed), not scalar exps
+      const Vec<float> zero(0.f);
+      const int64_t rest = hi + 1 - i, rest0 = std::min(rest, W), rest1 = rest - rest0;
+      const Vec<float> e0 = Vec<float>::set(zero, exp_of(Vec<float>::loadu(s + i, rest0)), rest0);
+      const Vec<float> e1 =
+          rest1 > 0 ? Vec<float>::set(zero, exp_of(Vec<float>::loadu(s + i + W, rest1)), rest1) : zero;
+      vsum = vsum + e0 + e1;
+      store_lowp<native_bf16>(e0, e1, prob + i, rest);
+      i = hi + 1;
+    }
   }
   float sum = at::vec::vec_reduce_all<float>([](Vec<float>& a, Vec<float>& b) { return a + b; }, vsum);
   for (; i <= hi; ++i) {
@@ -262,15 +310,23 @@ inline float exp_to_lowp(const float* s, lowp_t* prob, int64_t lo, int64_t hi, f
 template <typename lowp_t>
 inline void online_softmax_step_lowp(const float* s, lowp_t* prob, int64_t n, int64_t lo, int64_t hi, float scale,
                                      float& run_max, float& run_sum, float* acc, int64_t dv, bool native_bf16) {
-  const float new_max = lo > hi ? run_max : nan_max(run_max, scale * row_max(s + lo, hi - lo + 1));
-  if (lo > hi || new_max == -std::numeric_limits<float>::infinity()) {  // adds nothing (online_softmax_step)
+  if (lo > hi) {  // adds nothing (online_softmax_step)
     std::fill(prob, prob + n, lowp_t(0));
     return;
   }
-  // A finite max means no score is NaN or +inf (either would be the max).
-  const float tile_sum = !std::isfinite(new_max) ? exp_to_lowp<false, false>(s, prob, lo, hi, scale, new_max)
-                         : native_bf16           ? exp_to_lowp<true, true>(s, prob, lo, hi, scale, new_max)
-                                                 : exp_to_lowp<true, false>(s, prob, lo, hi, scale, new_max);
+  float tile_max, new_max, tile_sum;
+  if (finite_row_max(s + lo, hi - lo + 1, &tile_max) &&
+      std::isfinite(new_max = std::max(run_max, scale * tile_max))) {
+    tile_sum = native_bf16 ? exp_to_lowp<true, true>(s, prob, lo, hi, scale, new_max)
+                           : exp_to_lowp<true, false>(s, prob, lo, hi, scale, new_max);
+  } else {  // NaN / inf: the exact path (online_softmax_step)
+    new_max = nan_max(run_max, scale * row_max(s + lo, hi - lo + 1));
+    if (new_max == -std::numeric_limits<float>::infinity()) {
+      std::fill(prob, prob + n, lowp_t(0));
+      return;
+    }
+    tile_sum = exp_to_lowp<false, false>(s, prob, lo, hi, scale, new_max);
+  }
   std::fill(prob, prob + lo, lowp_t(0));
   std::fill(prob + hi + 1, prob + n, lowp_t(0));
   move_running_max(new_max, run_max, run_sum, acc, dv);
