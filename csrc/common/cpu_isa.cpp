@@ -39,4 +39,17 @@ CpuIsa cpu_isa() {
   return std::min(wanted, best);
 }
 
+bool cpu_has_avx512bf16() {
+#ifdef ATTN_OPS_X86_ISA_COPIES
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  const char* forced = std::getenv("ATTN_OPS_CPU_AVX512BF16");
+  return has && cpu_isa() == CpuIsa::kAvx512 && !(forced != nullptr && std::string(forced) == "0");
+#else
+  return false;
+#endif
+}
+
 }  // namespace attn_ops

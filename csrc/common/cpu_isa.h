@@ -15,6 +15,11 @@ enum class CpuIsa { kDefault, kAvx2, kAvx512 };
 // every call, so tests can run each copy in one process; a level above the CPU's is never taken).
 CpuIsa cpu_isa();
 
+// Whether the AVX-512 copy may use AVX512-BF16's float -> bfloat16 conversion: the CPU has it (checked at
+// run time, never assumed by the build), cpu_isa() is kAvx512, and ATTN_OPS_CPU_AVX512BF16 is not 0 (read at
+// every call, so tests run both conversions in one process).
+bool cpu_has_avx512bf16();
+
 // `entity` (a function, or a call of one) from the copy cpu_isa() picks, out of the namespaces
 // <family>_default / <family>_avx2 / <family>_avx512 that a kernel family's *_isa_<isa>.cpp files define:
 // ATTN_OPS_FOR_THIS_CPU(prefill, prefill_kernels<float>()) is prefill_avx512::prefill_kernels<float>()

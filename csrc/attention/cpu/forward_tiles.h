@@ -131,6 +131,7 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
     }
   }
   const bool brgemm = packed.has_value();
+  const bool native_bf16 = std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512bf16();
 
   parallel_items(
       num_items * splits, flops, [&] { return ForwardScratch<scalar_t, acc_t>(max_rows, Dqk, Dv, brgemm); },
@@ -189,7 +190,8 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
               if (brgemm) {
                 scalar_t* prow = s.p_lowp.data() + r * kKeyTile;
                 if (softcap == 0 && scale > 0) {
-                  online_softmax_step_lowp(srow, prow, keys, lo, hi, scale, s.row_max[r], s.row_sum[r], acc_row, Dv);
+                  online_softmax_step_lowp(srow, prow, keys, lo, hi, scale, s.row_max[r], s.row_sum[r], acc_row, Dv,
+                                           native_bf16);
                 } else {
                   scale_row(srow, n, scale);
                   online_softmax_step(srow, n, lo, hi, softcap, s.row_max[r], s.row_sum[r], acc_row, Dv);

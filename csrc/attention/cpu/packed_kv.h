@@ -12,6 +12,7 @@
 #include "attention/cpu/row_ops.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -47,10 +48,21 @@ class PackedKV {
         const int64_t n = std::min(tile_, p.len_k[b] - k0), width = round_up(n, kPackBlock);
         // K^T [Dqk, width]: column j is key k0 + j, zero past n.
         std::fill(rows.begin(), rows.begin() + dqk_ * width, scalar_t(0));
-        for (int64_t j = 0; j < n; ++j) {
-          const scalar_t* key = k + k_layout.at(b, k0 + j, g);
-          for (int64_t d = 0; d < dqk_; ++d) {
-            rows[d * width + j] = key[d];
+        if (k_layout.uniform(k0, n)) {  // equally spaced keys: 32 x 32 blocks (at::vec's AVX-512 transpose)
+          const scalar_t* first = k + k_layout.at(b, k0, g);
+          for (int64_t j = 0; j < n; j += 32) {
+            for (int64_t d = 0; d < dqk_; d += 32) {
+              at::vec::transpose_mxn<scalar_t>(first + j * k_layout.rows.seq_stride + d, k_layout.rows.seq_stride,
+                                               rows.data() + d * width + j, width, std::min<int64_t>(32, n - j),
+                                               std::min<int64_t>(32, dqk_ - d));
+            }
+          }
+        } else {  // the tile crosses blocks of a paged cache
+          for (int64_t j = 0; j < n; ++j) {
+            const scalar_t* key = k + k_layout.at(b, k0 + j, g);
+            for (int64_t d = 0; d < dqk_; ++d) {
+              rows[d * width + j] = key[d];
+            }
           }
         }
         scalar_t* k_out = k_.data() + index * dqk_ * tile_;

@@ -3,6 +3,7 @@
 // lives in an inline namespace named after it, as at::vec does, so each ISA's copy is a distinct symbol.
 #pragma once
 
+#include "attention/cpu/fast_exp.h"
 #include "common/acc_type.h"
 
 #include <ATen/cpu/vec/functional.h>
@@ -59,17 +60,64 @@ inline T row_max(const T* x, int64_t n) {
   return m;
 }
 
-// x = exp(x - shift) in place; returns the sum of the new values.
+// exp(x): exp_no_nan for float when the caller knows x has no NaN (no_nan), else vec_exp.
+template <bool no_nan, typename T>
+inline Vec<T> exp_no_nan_or_exact(const Vec<T>& x) {
+  if constexpr (no_nan && std::is_same_v<T, float>) {
+    return exp_no_nan(x);
+  } else {
+    return vec_exp(x);
+  }
+}
+
+// The largest of x[0, n) (n >= 1) into *max; returns whether every value is finite (checked through their
+// sum: NaN or inf makes it non-finite; a sum that overflows only sends the caller to its exact path). Two
+// accumulators and a plain max: cheaper than row_max's NaN-propagating compare chain.
 template <typename T>
+inline bool finite_row_max(const T* x, int64_t n, T* max) {
+  constexpr int64_t W = Vec<T>::size();
+  const Vec<T> lowest(-std::numeric_limits<T>::infinity());
+  Vec<T> m0(lowest), m1(lowest), s0(T(0)), s1(T(0));
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const Vec<T> a = Vec<T>::loadu(x + i), b = Vec<T>::loadu(x + i + W);
+    m0 = max_no_nan(m0, a);
+    m1 = max_no_nan(m1, b);
+    s0 = s0 + a;
+    s1 = s1 + b;
+  }
+  for (; i < n; i += W) {  // partial vectors: zeros in the unused lanes, -inf for the max
+    const int64_t rest = std::min(W, n - i);
+    const Vec<T> a = Vec<T>::loadu(x + i, rest);
+    m0 = max_no_nan(m0, Vec<T>::set(lowest, a, rest));
+    s0 = s0 + a;
+  }
+  *max = at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return max_no_nan(a, b); }, max_no_nan(m0, m1));
+  return std::isfinite(at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, s0 + s1));
+}
+
+// x = exp(x - shift) in place; returns the sum of the new values. no_nan: the caller knows that no x - shift
+// is NaN (x has no NaN or +inf, shift is finite), which lets float take the faster exp_no_nan.
+template <typename T, bool no_nan = false>
 inline T exp_shift_sum(T* x, int64_t n, T shift) {
   constexpr int64_t W = Vec<T>::size();
   const Vec<T> vs(shift);
   Vec<T> vsum(T(0));
   int64_t i = 0;
   for (; i + W <= n; i += W) {
-    Vec<T> e = vec_exp(Vec<T>::loadu(x + i) - vs);
+    const Vec<T> e = exp_no_nan_or_exact<no_nan>(Vec<T>::loadu(x + i) - vs);
     e.store(x + i);
     vsum = vsum + e;
+  }
+  if constexpr (no_nan) {
+    if (i < n) {  // the tail as one partial vector (its other lanes zeroed), not scalar exps
+      const int64_t rest = n - i;
+      const Vec<T> tail = exp_no_nan_or_exact<no_nan>(Vec<T>::loadu(x + i, rest) - vs);
+      const Vec<T> e = Vec<T>::set(Vec<T>(T(0)), tail, rest);
+      e.store(x + i, rest);
+      vsum = vsum + e;
+      i = n;
+    }
   }
   T sum = at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, vsum);
   for (; i < n; ++i) {
@@ -188,6 +236,15 @@ inline void move_running_max(T new_max, T& run_max, T& run_sum, T* acc, int64_t 
   }
 }
 
+// The shift (the running max from here on) for a tile of NaN-free scores, the tile's max included in
+// new_max = max(run_max, tile max), finite: run_max itself while new_max exceeds it by at most 8 (the tile's
+// exps stay <= e^8, far from overflow), which spares rescaling the row's accumulator and sum; else new_max.
+// The log-sum-exp (finish_row) is exact whichever max the row keeps.
+template <typename T>
+inline T lazy_shift(T run_max, T new_max) {
+  return new_max <= run_max + T(8) ? run_max : new_max;
+}
+
 // One row's online-softmax step over a tile of n scores of which [lo, hi] are visible (lo > hi: none):
 // the scores become exp(score - running max) (0 where not visible); when the running max moves, the
 // running sum and the row's output accumulator acc[dv] are rescaled to it. NaN spreads to the whole row.
@@ -203,44 +260,83 @@ inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T so
   if (softcap > 0) {
     softcap_row(visible, count, softcap);
   }
-  const T new_max = nan_max(run_max, row_max(visible, count));
-  if (new_max == -std::numeric_limits<T>::infinity()) {  // every visible score so far is -inf: weight 0 each,
-    fill_row(srow, n, T(0));                              // as a masked key (exp(-inf - -inf) would be NaN)
-    return;
+  T tile_max, new_max, tile_sum;
+  if (finite_row_max(visible, count, &tile_max) && std::isfinite(new_max = std::max(run_max, tile_max))) {
+    new_max = lazy_shift(run_max, new_max);
+    tile_sum = exp_shift_sum<T, true>(visible, count, new_max);
+  } else {  // NaN / inf in this tile or an earlier one: the exact path, which spreads NaN
+    new_max = nan_max(run_max, row_max(visible, count));
+    if (new_max == -std::numeric_limits<T>::infinity()) {  // every visible score so far is -inf: weight 0
+      fill_row(srow, n, T(0));                              // each, as a masked key (exp(-inf - -inf) is NaN)
+      return;
+    }
+    tile_sum = exp_shift_sum(visible, count, new_max);
   }
-  const T tile_sum = exp_shift_sum(visible, count, new_max);
   fill_row(srow, lo, T(0));
   fill_row(srow + hi + 1, n - hi - 1, T(0));
   move_running_max(new_max, run_max, run_sum, acc, dv);
   run_sum += tile_sum;
 }
 
-// online_softmax_step for the low-precision brgemm path, in two passes instead of four: raw scores s[n]
-// (before the softmax scale, which must be > 0; no soft-capping) in, the probabilities
-// exp(scale * s - running max) out in the input dtype, prob[0, n) (0 where not visible), ready for P V.
-template <typename lowp_t>
-inline void online_softmax_step_lowp(const float* s, lowp_t* prob, int64_t n, int64_t lo, int64_t hi, float scale,
-                                     float& run_max, float& run_sum, float* acc, int64_t dv) {
-  const float new_max = lo > hi ? run_max : nan_max(run_max, scale * row_max(s + lo, hi - lo + 1));
-  if (lo > hi || new_max == -std::numeric_limits<float>::infinity()) {  // adds nothing (online_softmax_step)
-    std::fill(prob, prob + n, lowp_t(0));
-    return;
-  }
+// prob[lo, hi] = exp(scale * s - shift) in lowp_t; returns the sum of the float values. no_nan: no
+// scale * s - shift is NaN (exp_no_nan_or_exact); native_bf16: store_lowp's.
+template <bool no_nan, bool native_bf16, typename lowp_t>
+inline float exp_to_lowp(const float* s, lowp_t* prob, int64_t lo, int64_t hi, float scale, float shift) {
   constexpr int64_t W = Vec<float>::size();
-  const Vec<float> vscale(scale), vshift(-new_max);
+  const Vec<float> vscale(scale), vshift(-shift);
+  auto exp_of = [&](const Vec<float>& x) { return exp_no_nan_or_exact<no_nan>(at::vec::fmadd(x, vscale, vshift)); };
   Vec<float> vsum(0.f);
   int64_t i = lo;
   for (; i + 2 * W <= hi + 1; i += 2 * W) {
-    const Vec<float> e0 = vec_exp(at::vec::fmadd(Vec<float>::loadu(s + i), vscale, vshift));
-    const Vec<float> e1 = vec_exp(at::vec::fmadd(Vec<float>::loadu(s + i + W), vscale, vshift));
+    const Vec<float> e0 = exp_of(Vec<float>::loadu(s + i)), e1 = exp_of(Vec<float>::loadu(s + i + W));
     vsum = vsum + e0 + e1;
-    at::vec::convert_from_float<lowp_t>(e0, e1).store(prob + i);
+    store_lowp<native_bf16>(e0, e1, prob + i);
   }
-  float tile_sum = at::vec::vec_reduce_all<float>([](Vec<float>& a, Vec<float>& b) { return a + b; }, vsum);
+  if constexpr (no_nan) {
+    if (i <= hi) {  // the tail as partial vectors (their other lanes zeroed), not scalar exps
+      const Vec<float> zero(0.f);
+      const int64_t rest = hi + 1 - i, rest0 = std::min(rest, W), rest1 = rest - rest0;
+      const Vec<float> e0 = Vec<float>::set(zero, exp_of(Vec<float>::loadu(s + i, rest0)), rest0);
+      const Vec<float> e1 =
+          rest1 > 0 ? Vec<float>::set(zero, exp_of(Vec<float>::loadu(s + i + W, rest1)), rest1) : zero;
+      vsum = vsum + e0 + e1;
+      store_lowp<native_bf16>(e0, e1, prob + i, rest);
+      i = hi + 1;
+    }
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec<float>& a, Vec<float>& b) { return a + b; }, vsum);
   for (; i <= hi; ++i) {
-    const float e = std::exp(scale * s[i] - new_max);
-    tile_sum += e;
+    const float e = std::exp(scale * s[i] - shift);
+    sum += e;
     prob[i] = static_cast<lowp_t>(e);
+  }
+  return sum;
+}
+
+// online_softmax_step for the low-precision brgemm path, in two passes instead of four: raw scores s[n]
+// (before the softmax scale, which must be > 0; no soft-capping) in, the probabilities
+// exp(scale * s - running max) out in the input dtype, prob[0, n) (0 where not visible), ready for P V.
+// native_bf16: round to bfloat16 with AVX512-BF16 (store_lowp; only where cpu_has_avx512bf16()).
+template <typename lowp_t>
+inline void online_softmax_step_lowp(const float* s, lowp_t* prob, int64_t n, int64_t lo, int64_t hi, float scale,
+                                     float& run_max, float& run_sum, float* acc, int64_t dv, bool native_bf16) {
+  if (lo > hi) {  // adds nothing (online_softmax_step)
+    std::fill(prob, prob + n, lowp_t(0));
+    return;
+  }
+  float tile_max, new_max, tile_sum;
+  if (finite_row_max(s + lo, hi - lo + 1, &tile_max) &&
+      std::isfinite(new_max = std::max(run_max, scale * tile_max))) {
+    new_max = lazy_shift(run_max, new_max);
+    tile_sum = native_bf16 ? exp_to_lowp<true, true>(s, prob, lo, hi, scale, new_max)
+                           : exp_to_lowp<true, false>(s, prob, lo, hi, scale, new_max);
+  } else {  // NaN / inf: the exact path (online_softmax_step)
+    new_max = nan_max(run_max, scale * row_max(s + lo, hi - lo + 1));
+    if (new_max == -std::numeric_limits<float>::infinity()) {
+      std::fill(prob, prob + n, lowp_t(0));
+      return;
+    }
+    tile_sum = exp_to_lowp<false, false>(s, prob, lo, hi, scale, new_max);
   }
   std::fill(prob, prob + lo, lowp_t(0));
   std::fill(prob + hi + 1, prob + n, lowp_t(0));

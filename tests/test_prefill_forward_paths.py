@@ -1,0 +1,94 @@
+"""The CPU prefill forward's fast paths against the float64 reference, on every path this CPU can run.
+
+The forward's softmax takes a polynomial exp (exp_no_nan) once a row's max is finite, and the AVX-512 copy
+rounds the bfloat16 probabilities with AVX512-BF16's instruction where the CPU has it (else in integer
+arithmetic). ATTN_OPS_CPU_ISA picks the copy and ATTN_OPS_CPU_AVX512BF16=0 turns the native rounding off,
+both read at every call, so each path runs here: portable, AVX2, AVX-512 with and without AVX512-BF16.
+Head dim 128 with bfloat16 / float16 takes brgemm (AMX) in the AVX-512 copy where the CPU has it.
+"""
+
+import pytest
+import torch
+
+import attn_ops
+from reference import assert_close_to_ref, attention_ref, dense_inputs, varlen_inputs
+
+ORDER = ["default", "avx2", "avx512"]
+PATHS = ["default", "avx2", "avx512", "avx512_bf16"]
+
+
+def available(path):
+    best = torch.backends.cpu.get_cpu_capability().lower()
+    isa = "avx512" if path == "avx512_bf16" else path
+    return best in ORDER and ORDER.index(isa) <= ORDER.index(best)
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch):
+    if not available(request.param):
+        pytest.skip(f"this CPU lacks {request.param}")
+    monkeypatch.setenv("ATTN_OPS_CPU_ISA", "avx512" if request.param == "avx512_bf16" else request.param)
+    # avx512_bf16 uses the native rounding only where the CPU has it; plain avx512 never does.
+    monkeypatch.setenv("ATTN_OPS_CPU_AVX512BF16", "1" if request.param == "avx512_bf16" else "0")
+    return request.param
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def dtype_id(d):
+    return str(d).replace("torch.", "")
+
+
+def compare(ours, inputs, **kw):
+    r64 = attention_ref(*inputs, **kw)
+    same = attention_ref(*inputs, **kw, compute_dtype=inputs[0].dtype)
+    for name, o, r, s in zip(("out", "lse"), ours, r64, same):
+        assert_close_to_ref(o, r, s, name=name)
+
+
+# Lengths around the 64-key packing block and the 256-key tile; GQA groups 1, 4 and all (Hq = 8).
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("length, hkv", [(1, 8), (17, 2), (63, 1), (64, 8), (65, 2), (257, 1), (300, 2)])
+def test_causal_lengths_and_groups(path, dtype, length, hkv):
+    q, k, v = dense_inputs(1, length, length, 8, hkv, 128, 128, dtype, "cpu")
+    compare(attn_ops.attention(q, k, v, causal=True), (q, k, v), causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kw", [dict(), dict(window_left=40, window_right=0), dict(softcap=10.0),
+                                dict(causal=True, scale=0.3)], ids=["full", "window", "softcap", "scale"])
+def test_options(path, dtype, kw):
+    q, k, v = dense_inputs(2, 65, 257, 8, 2, 128, 128, dtype, "cpu")
+    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_varlen_with_empty_sequence(path, dtype):
+    q, k, v, cu_q, cu_k = varlen_inputs([63, 0, 1, 130], [257, 5, 17, 130], 8, 2, 128, 128, dtype, "cpu")
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+
+
+def test_large_logits(path):
+    """Scores of a few hundred: the max shift keeps exp in range on every path."""
+    for dtype in DTYPES:
+        q, k, v = dense_inputs(1, 70, 300, 4, 2, 128, 128, dtype, "cpu")
+        q = q * 30
+        compare(attn_ops.attention(q, k, v, causal=True), (q, k, v), causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_nan_and_inf_scores_give_nan_rows(path, dtype, value):
+    """A NaN or +inf score makes its row's max non-finite: that row takes the exact exp and ends NaN (as the
+    reference: inf - inf), the other rows stay finite."""
+    q, k, v = dense_inputs(1, 70, 300, 4, 2, 128, 128, dtype, "cpu")
+    q[0, 50, 1] = 0.0
+    q[0, 50, 1, 7] = value
+    k[0, :, 0, 7] = k[0, :, 0, 7].abs() + 0.5  # every score of that row is NaN / +inf
+    out, lse = attn_ops.attention(q, k, v, causal=True)
+    assert torch.isnan(out[0, 50, 1]).all() and torch.isnan(lse[0, 1, 50])
+    rest = torch.ones(70, 4, dtype=torch.bool)
+    rest[50, 1] = False
+    assert torch.isfinite(out[0][rest]).all() and torch.isfinite(lse[0].T[rest]).all()
