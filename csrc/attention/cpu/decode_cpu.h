@@ -18,6 +18,8 @@ constexpr int64_t kMaxDecodeRows = 32;   // query rows per KV head (positions x 
 // than streaming in float32, a tie in bfloat16; 64- and 256-key GEMM tiles no better. The 8 is not tuned.
 constexpr int64_t kGemmDecodeRows = 8;
 constexpr int64_t kGemmDecodeTile = 128;  // keys per tile of decode_rows_gemm
+// decode_rows_gemm's query rows rounded up to whole AVX-512 vectors / AMX tile rows (16).
+inline int64_t gemm_rows_padded(int64_t rows) { return (rows + 15) / 16 * 16; }
 
 // One work item of the decode kernel: all query rows of `heads` KV heads from kv_head on, of one sequence,
 // over keys [k_begin, k_end). Row r of a KV head g is query position r / group of head g * group + r % group;
@@ -42,6 +44,10 @@ struct DecodeRows {
   const scalar_t** value_rows = nullptr;  // [2 * tile]
   acc_t* key_tile = nullptr;              // [tile, dim_qk]: decode_rows_gemm's converted keys
   acc_t* value_tile = nullptr;            // [tile, dim_v]: and values
+  // decode_rows_gemm's Q^T [heads, dim_qk, rows rounded up to 16] (FMA kernels) or its scores^T [tile, rows
+  // rounded up to 16] (AMX), and the AMX kernel's operands in the cache's dtype (nullptr: no AMX path).
+  acc_t* q_t = nullptr;
+  scalar_t* lowp = nullptr;
   acc_t* row_max = nullptr;               // [heads, rows]
   acc_t* row_sum = nullptr;               // [heads, rows]
   // Results.
