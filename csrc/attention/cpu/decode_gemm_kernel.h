@@ -65,20 +65,6 @@ void decode_rows_blas(const DecodeRows<scalar_t, acc_t>& a) {
   decode_tiles(a, scores, values);
 }
 
-// Asks for one row of n values into L2 (a hint). The FMA kernels request the next tile's rows a few at a
-// time while they multiply this one: requested all at once, into L1, a 576-wide tile (288 KiB in float32)
-// evicted its own first rows and Q^T from L1.
-template <typename scalar_t>
-inline void prefetch_row_l2(const scalar_t* row, int64_t n) {
-#if defined(__GNUC__)
-  constexpr int64_t kLine = 64;
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(scalar_t)); off += kLine) {
-    __builtin_prefetch(bytes + off, 0, 1);
-  }
-#endif
-}
-
 // Register blocks of the FMA micro-kernels (AVX-512: 32 vector registers of 16 floats).
 constexpr int kHeadVecs = 2;     // scores: up to 32 query rows (lanes of 2 vectors) ...
 constexpr int kScoreKeys = 12;   // ... times 12 keys: 24 accumulators + 2 Q vectors + a broadcast key value
