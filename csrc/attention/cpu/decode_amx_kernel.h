@@ -16,26 +16,14 @@
 namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
 namespace {
 
-constexpr int64_t kAmxValueBlock = 64;  // V's packed column blocks (lowp_brgemm_pack)
+constexpr int64_t kAmxValueBlock = 64;  // packed column blocks of V and of Q^T (lowp_brgemm_pack's most)
+// Both AVX-512 kernels request the next tile's rows into L2 (prefetch_row<1>) while they multiply this one:
+// into L1, a 576-wide tile (144 KiB in bfloat16, 288 KiB in float32) evicts its own first rows and Q.
 
 // Whether the values of this tile are the first dim_v features of its key rows (MLA's latent rows).
 template <typename scalar_t, typename acc_t>
 bool values_in_keys(const DecodeRows<scalar_t, acc_t>& a, int64_t n) {
   return a.dim_v <= a.dim_qk && std::equal(a.value_rows, a.value_rows + n, a.key_rows);
-}
-
-// Asks for one row of n values into L2 (a hint). The FMA and AMX kernels request the next tile's rows a few at a
-// time while they multiply this one: requested all at once, into L1, a 576-wide tile (288 KiB in float32)
-// evicted its own first rows and Q^T from L1.
-template <typename scalar_t>
-inline void prefetch_row_l2(const scalar_t* row, int64_t n) {
-#if defined(__GNUC__)
-  constexpr int64_t kLine = 64;
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(scalar_t)); off += kLine) {
-    __builtin_prefetch(bytes + off, 0, 1);
-  }
-#endif
 }
 
 // Whether decode_rows_amx takes this call: the shapes brgemm's packing needs, on a CPU that runs it.
@@ -86,7 +74,10 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
         q_plain[d * np + r] = static_cast<scalar_t>(a.q[(head * rows + r) * Dqk + d]);
       }
     }
-    lowp_brgemm_pack(Dqk, np, np, q_plain, q_packed + head * Dqk * np);
+    // In blocks of up to 64 query rows (brgemm packs at most 64 columns): block c at + c * Dqk.
+    for (int64_t c = 0; c < np; c += kAmxValueBlock) {
+      lowp_brgemm_pack(Dqk, std::min(kAmxValueBlock, np - c), np, q_plain + c, q_packed + head * Dqk * np + c * Dqk);
+    }
   }
   const scalar_t* key_tile = nullptr;  // this tile's keys [tile, Dqk] (row stride ldk)
   int64_t ldk = 0;
@@ -94,13 +85,17 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
     const int64_t n_next = std::min(tile, a.k_end - k0 - n);
     a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
     for (int64_t j = n; j < n + n_next; ++j) {  // the next tile, requested while this one computes
-      prefetch_row_l2(a.key_rows[j], Dqk);
+      prefetch_row<1>(a.key_rows[j], Dqk);
       if (a.value_rows[j] != a.key_rows[j]) {
-        prefetch_row_l2(a.value_rows[j], Dv);
+        prefetch_row<1>(a.value_rows[j], Dv);
       }
     }
     key_tile = amx_tile(a.key_rows, n, tile, Dqk, key_buf, &ldk);
-    lowp_brgemm(tile, np, Dqk, key_tile, ldk, q_packed + head * Dqk * np, np, scores_t, np, false);
+    for (int64_t c = 0; c < np; c += kAmxValueBlock) {
+      const int64_t width = std::min(kAmxValueBlock, np - c);
+      lowp_brgemm(tile, width, Dqk, key_tile, ldk, q_packed + head * Dqk * np + c * Dqk, width, scores_t + c, np,
+                  false);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t j = 0; j < n; ++j) {
         a.scores[r * tile + j] = scores_t[j * np + r];

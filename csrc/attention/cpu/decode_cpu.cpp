@@ -71,7 +71,8 @@ void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0,
 
 bool decode_kernel_applies(const AttentionProblem& p) {
   const int64_t longest_q = p.batch == 0 ? 0 : *std::max_element(p.len_q.begin(), p.len_q.end());
-  return longest_q * p.group <= kMaxDecodeRows;
+  const int64_t rows = longest_q * p.group;
+  return rows <= kMaxDecodeRows || (p.heads_kv == 1 && rows <= kMaxGemmDecodeRows);
 }
 
 template <typename scalar_t, typename acc_t>

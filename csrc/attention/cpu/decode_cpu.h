@@ -18,6 +18,9 @@ constexpr int64_t kMaxDecodeRows = 32;   // query rows per KV head (positions x 
 // than streaming in float32, a tie in bfloat16; 64- and 256-key GEMM tiles no better. The 8 is not tuned.
 constexpr int64_t kGemmDecodeRows = 8;
 constexpr int64_t kGemmDecodeTile = 128;  // keys per tile of decode_rows_gemm
+// MQA (one KV head, as MLA's latent row): decode_rows_gemm takes up to this many rows (DeepSeek-V3's 128 heads),
+// one read of the cache for all of them instead of the prefill kernel's tiles.
+constexpr int64_t kMaxGemmDecodeRows = 128;
 // decode_rows_gemm's query rows rounded up to whole AVX-512 vectors / AMX tile rows (16).
 inline int64_t gemm_rows_padded(int64_t rows) { return (rows + 15) / 16 * 16; }
 

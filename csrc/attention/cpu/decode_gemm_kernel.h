@@ -208,9 +208,9 @@ void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
     // The next tile's rows (as many as this tile has), block by block.
     const auto prefetch = [&](int64_t j0, int64_t len) {
       for (int64_t j = n + j0; j < std::min(n + j0 + len, n + n_next); ++j) {
-        prefetch_row_l2(a.key_rows[j], Dqk);
+        prefetch_row<1>(a.key_rows[j], Dqk);
         if (a.value_rows[j] != a.key_rows[j]) {
-          prefetch_row_l2(a.value_rows[j], Dv);
+          prefetch_row<1>(a.value_rows[j], Dv);
         }
       }
     };

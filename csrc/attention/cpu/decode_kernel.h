@@ -158,14 +158,15 @@ inline void value_block(const acc_t* p, int64_t ldp, const scalar_t* const* valu
 
 // Asks for the cache lines of one row of n values (a hint: no fault, no effect on the result). With the
 // cache's rows heads * dim apart (BSHD), one head's rows are kilobytes apart, a stride the hardware
-// prefetchers do not follow across pages; the kernel requests each row one key tile ahead.
-template <typename scalar_t>
+// prefetchers do not follow across pages; the kernel requests each row one key tile ahead. kLocality: 3 into
+// L1, 1 into L2 (decode_rows_gemm's tiles are bigger than L1).
+template <int kLocality = 3, typename scalar_t>
 inline void prefetch_row(const scalar_t* row, int64_t n) {
 #if defined(__GNUC__)
   constexpr int64_t kLine = 64;
   const char* bytes = reinterpret_cast<const char*>(row);
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(scalar_t)); off += kLine) {
-    __builtin_prefetch(bytes + off);
+    __builtin_prefetch(bytes + off, 0, kLocality);
   }
 #endif
 }
