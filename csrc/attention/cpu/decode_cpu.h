@@ -1,6 +1,6 @@
 // CPU decode kernel (few query rows per KV head, a long cache): the interface between the driver
-// (decode_cpu.cpp: work split, threads, merge) and the per-ISA row kernels (decode_kernel.h, compiled
-// once per instruction set in decode_isa_*.cpp and picked at run time).
+// (decode_cpu.cpp: work split, threads, merge) and the per-ISA row kernels (decode_kernel.h,
+// decode_gemm_kernel.h; compiled once per instruction set in decode_isa_*.cpp and picked at run time).
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
@@ -12,8 +12,8 @@ namespace attn_ops::cpu {
 
 constexpr int64_t kDecodeChunk = 64;     // keys per tile of decode_rows: scores [rows, kDecodeChunk] stay in L1
 constexpr int64_t kMaxDecodeRows = 32;   // query rows per KV head (positions x group) the kernel takes
-// From this many query rows per KV head on, a key tile is worth two small GEMMs on the vendor BLAS
-// (decode_rows_gemm): each key feeds enough FLOPs that decode is compute-bound (MLA: 16+ heads per row).
+// From this many query rows per KV head on, a key tile is worth two matrix products (decode_rows_gemm,
+// decode_gemm_kernel.h): each key feeds enough FLOPs that decode is compute-bound (MLA: 16+ heads per row).
 // Measured on MLA decode (16 heads, 576 / 512, B 16, 4096 keys, 2 threads): 128-key GEMM tiles 5-20% faster
 // than streaming in float32, a tie in bfloat16; 64- and 256-key GEMM tiles no better. The 8 is not tuned.
 constexpr int64_t kGemmDecodeRows = 8;
