@@ -13,6 +13,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,15 +31,22 @@ std::pair<DecodeRowsFn<scalar_t, acc_t>, DecodeRowsFn<scalar_t, acc_t>> decode_r
 
 template <typename scalar_t, typename acc_t>
 struct DecodeScratch {
-  std::vector<acc_t> q, scores, key_tile, value_tile, row_max, row_sum, out, lse;
+  std::vector<acc_t> q, scores, key_tile, value_tile, q_t, row_max, row_sum, out, lse;
   std::vector<int64_t> key_lo, key_hi;
   std::vector<const scalar_t*> key_rows, value_rows;
-  // gemm_tile: decode_rows_gemm's keys per tile, 0 where it does not run (it needs the converted tiles).
+  std::vector<scalar_t> lowp;
+  // gemm_tile: decode_rows_gemm's keys per tile, 0 where it does not run (it needs the converted tiles, Q^T
+  // or scores^T, and for low-precision caches the AMX operands: decode_amx_kernel.h).
   DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile)
       : q(heads * rows * dqk), scores(rows * std::max(kDecodeChunk, gemm_tile)), key_tile(gemm_tile * dqk),
-        value_tile(gemm_tile * dv), row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv),
+        value_tile(gemm_tile * dv),
+        q_t(gemm_tile > 0 ? std::max(heads * dqk, gemm_tile) * gemm_rows_padded(rows) : 0),
+        row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv),
         lse(heads * rows), key_lo(rows), key_hi(rows), key_rows(2 * std::max(kDecodeChunk, gemm_tile)),
-        value_rows(2 * std::max(kDecodeChunk, gemm_tile)) {}
+        value_rows(2 * std::max(kDecodeChunk, gemm_tile)),
+        lowp(gemm_tile > 0 && !std::is_same_v<scalar_t, acc_t>
+                 ? (heads + 1) * dqk * gemm_rows_padded(rows) + gemm_tile * (dqk + 2 * dv + rows)
+                 : 0) {}
 };
 
 template <typename scalar_t>
@@ -63,7 +71,8 @@ void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0,
 
 bool decode_kernel_applies(const AttentionProblem& p) {
   const int64_t longest_q = p.batch == 0 ? 0 : *std::max_element(p.len_q.begin(), p.len_q.end());
-  return longest_q * p.group <= kMaxDecodeRows;
+  const int64_t rows = longest_q * p.group;
+  return rows <= kMaxDecodeRows || (p.heads_kv == 1 && rows <= kMaxGemmDecodeRows);
 }
 
 template <typename scalar_t, typename acc_t>
@@ -133,6 +142,8 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.scores = s.scores.data();
         a.key_tile = s.key_tile.data();
         a.value_tile = s.value_tile.data();
+        a.q_t = s.q_t.data();
+        a.lowp = s.lowp.empty() ? nullptr : s.lowp.data();
         a.key_rows = s.key_rows.data();
         a.value_rows = s.value_rows.data();
         a.row_max = s.row_max.data();

@@ -1,6 +1,6 @@
 // CPU decode kernel (few query rows per KV head, a long cache): the interface between the driver
-// (decode_cpu.cpp: work split, threads, merge) and the per-ISA row kernels (decode_kernel.h, compiled
-// once per instruction set in decode_isa_*.cpp and picked at run time).
+// (decode_cpu.cpp: work split, threads, merge) and the per-ISA row kernels (decode_kernel.h,
+// decode_gemm_kernel.h; compiled once per instruction set in decode_isa_*.cpp and picked at run time).
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
@@ -12,12 +12,17 @@ namespace attn_ops::cpu {
 
 constexpr int64_t kDecodeChunk = 64;     // keys per tile of decode_rows: scores [rows, kDecodeChunk] stay in L1
 constexpr int64_t kMaxDecodeRows = 32;   // query rows per KV head (positions x group) the kernel takes
-// From this many query rows per KV head on, a key tile is worth two small GEMMs on the vendor BLAS
-// (decode_rows_gemm): each key feeds enough FLOPs that decode is compute-bound (MLA: 16+ heads per row).
+// From this many query rows per KV head on, a key tile is worth two matrix products (decode_rows_gemm,
+// decode_gemm_kernel.h): each key feeds enough FLOPs that decode is compute-bound (MLA: 16+ heads per row).
 // Measured on MLA decode (16 heads, 576 / 512, B 16, 4096 keys, 2 threads): 128-key GEMM tiles 5-20% faster
 // than streaming in float32, a tie in bfloat16; 64- and 256-key GEMM tiles no better. The 8 is not tuned.
 constexpr int64_t kGemmDecodeRows = 8;
 constexpr int64_t kGemmDecodeTile = 128;  // keys per tile of decode_rows_gemm
+// MQA (one KV head, as MLA's latent row): decode_rows_gemm takes up to this many rows (DeepSeek-V3's 128 heads),
+// one read of the cache for all of them instead of the prefill kernel's tiles.
+constexpr int64_t kMaxGemmDecodeRows = 128;
+// decode_rows_gemm's query rows rounded up to whole AVX-512 vectors / AMX tile rows (16).
+inline int64_t gemm_rows_padded(int64_t rows) { return (rows + 15) / 16 * 16; }
 
 // One work item of the decode kernel: all query rows of `heads` KV heads from kv_head on, of one sequence,
 // over keys [k_begin, k_end). Row r of a KV head g is query position r / group of head g * group + r % group;
@@ -42,6 +47,10 @@ struct DecodeRows {
   const scalar_t** value_rows = nullptr;  // [2 * tile]
   acc_t* key_tile = nullptr;              // [tile, dim_qk]: decode_rows_gemm's converted keys
   acc_t* value_tile = nullptr;            // [tile, dim_v]: and values
+  // decode_rows_gemm's Q^T [heads, dim_qk, rows rounded up to 16] (FMA kernels) or its scores^T [tile, rows
+  // rounded up to 16] (AMX), and the AMX kernel's operands in the cache's dtype (nullptr: no AMX path).
+  acc_t* q_t = nullptr;
+  scalar_t* lowp = nullptr;
   acc_t* row_max = nullptr;               // [heads, rows]
   acc_t* row_sum = nullptr;               // [heads, rows]
   // Results.

@@ -22,4 +22,5 @@
 #if ATTN_OPS_ISA_COMPILED
 #define ATTN_OPS_DECODE_NS decode_avx2
 #include "attention/cpu/decode_kernel.h"
+#include "attention/cpu/decode_gemm_kernel.h"
 #endif

@@ -18,3 +18,4 @@
 #include "common/cpu_isa_target.h"
 #define ATTN_OPS_DECODE_NS decode_default
 #include "attention/cpu/decode_kernel.h"
+#include "attention/cpu/decode_gemm_kernel.h"

@@ -5,8 +5,8 @@
 // converted copy of the tile), and multiplied into register-blocked accumulators:
 //   scores[rows, keys]  : blocks of kRowBlock rows x kKeyBlock keys, summed over the head dim
 //   out[rows, dim_v]    : blocks of kRowBlock rows x kValueBlock vectors, summed over the tile's keys
-// with the online softmax (row_ops.h) in between. decode_rows_gemm (many rows, compute-bound: MLA) runs the
-// two products of a tile as GEMMs on the vendor BLAS instead, which reach the matmul rate.
+// with the online softmax (row_ops.h) in between. decode_rows_gemm (many rows, compute-bound: MLA) is in
+// decode_gemm_kernel.h.
 //
 // Included by decode_isa_*.cpp, each of which sets CPU_CAPABILITY (what at::vec compiles to) and
 // ATTN_OPS_DECODE_NS (the namespace of its copy) first.
@@ -158,39 +158,17 @@ inline void value_block(const acc_t* p, int64_t ldp, const scalar_t* const* valu
 
 // Asks for the cache lines of one row of n values (a hint: no fault, no effect on the result). With the
 // cache's rows heads * dim apart (BSHD), one head's rows are kilobytes apart, a stride the hardware
-// prefetchers do not follow across pages; the kernel requests each row one key tile ahead.
-template <typename scalar_t>
+// prefetchers do not follow across pages; the kernel requests each row one key tile ahead. kLocality: 3 into
+// L1, 1 into L2 (decode_rows_gemm's tiles are bigger than L1).
+template <int kLocality = 3, typename scalar_t>
 inline void prefetch_row(const scalar_t* row, int64_t n) {
 #if defined(__GNUC__)
   constexpr int64_t kLine = 64;
   const char* bytes = reinterpret_cast<const char*>(row);
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(scalar_t)); off += kLine) {
-    __builtin_prefetch(bytes + off);
+    __builtin_prefetch(bytes + off, 0, kLocality);
   }
 #endif
-}
-
-// The n rows at rows[j] (dim values each) as row-major acc_t matrices for the BLAS: calls f(j0, len, matrix,
-// ld) for rows j0 .. j0 + len - 1. float32 / float64 rows are passed in place, one matrix per run of equally
-// spaced rows (a paged cache's block ends split a tile); other dtypes are converted into `buffer` [n, dim]
-// and passed as one matrix.
-template <typename scalar_t, typename acc_t, typename F>
-void for_each_run(const scalar_t* const* rows, int64_t n, int64_t dim, acc_t* buffer, const F& f) {
-  if constexpr (std::is_same_v<scalar_t, acc_t>) {
-    for (int64_t j0 = 0, len = 0; j0 < n; j0 += len) {
-      const int64_t stride = j0 + 1 < n ? rows[j0 + 1] - rows[j0] : dim;
-      for (len = 1; j0 + len < n && rows[j0 + len] - rows[j0 + len - 1] == stride; ++len) {
-      }
-      int64_t ld = 0;
-      const acc_t* m = load_key_tile(rows[j0], stride, len, dim, buffer + j0 * dim, &ld);
-      f(j0, len, m, ld);
-    }
-  } else {
-    for (int64_t j = 0; j < n; ++j) {
-      convert_row(rows[j], buffer + j * dim, dim);
-    }
-    f(int64_t(0), n, static_cast<const acc_t*>(buffer), dim);
-  }
 }
 
 // The loop both row kernels share: key tiles outside, heads inside (a BSHD cache is then read in address
@@ -274,36 +252,8 @@ void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
   decode_tiles(a, scores, values);
 }
 
-// Each key tile as two GEMMs on the vendor BLAS (which picks its own instruction set at run time) over the
-// tile in place where it can (see for_each_run).
-template <typename scalar_t, typename acc_t>
-void decode_rows_gemm(const DecodeRows<scalar_t, acc_t>& a) {
-  const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v;
-  const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
-    a.locate(a, a.kv_head + head, k0, n, a.key_rows, a.value_rows);
-    const acc_t* q = a.q + head * rows * Dqk;
-    for_each_run(a.key_rows, n, Dqk, a.key_tile, [&](int64_t j0, int64_t len, const acc_t* keys, int64_t ld) {
-      gemm<acc_t>(false, true, rows, len, Dqk, 1, q, Dqk, keys, ld, 0, a.scores + j0, a.tile);
-    });
-  };
-  const auto values = [&](int64_t head, int64_t n) {
-    acc_t* out = a.out + head * rows * Dv;
-    const auto add_pv = [&](int64_t j0, int64_t len, const acc_t* vals, int64_t ld) {
-      gemm<acc_t>(false, false, rows, Dv, len, 1, a.scores + j0, a.tile, vals, ld, 1, out, Dv);
-    };
-    // MLA: the values are the first dim_v features of the key rows, already converted with the keys.
-    if (!std::is_same_v<scalar_t, acc_t> && Dv <= Dqk && std::equal(a.value_rows, a.value_rows + n, a.key_rows)) {
-      add_pv(0, n, a.key_tile, Dqk);
-    } else {
-      for_each_run(a.value_rows, n, Dv, a.value_tile, add_pv);
-    }
-  };
-  decode_tiles(a, scores, values);
-}
-
 #define ATTN_OPS_INSTANTIATE_DECODE_ROWS(scalar_t)                                                             \
-  template void decode_rows<scalar_t, acc_type<scalar_t>>(const DecodeRows<scalar_t, acc_type<scalar_t>>&); \
-  template void decode_rows_gemm<scalar_t, acc_type<scalar_t>>(const DecodeRows<scalar_t, acc_type<scalar_t>>&);
+  template void decode_rows<scalar_t, acc_type<scalar_t>>(const DecodeRows<scalar_t, acc_type<scalar_t>>&);
 ATTN_OPS_INSTANTIATE_DECODE_ROWS(float)
 ATTN_OPS_INSTANTIATE_DECODE_ROWS(double)
 ATTN_OPS_INSTANTIATE_DECODE_ROWS(c10::Half)

@@ -1,0 +1,249 @@
+// decode_rows_gemm: the decode row kernel for many query rows per KV head (MLA's heads, large GQA groups),
+// where each key feeds enough FLOPs that decode is compute-bound. Three ways to multiply a key tile:
+//  - AVX-512, float32 accumulation: register-blocked FMA micro-kernels that read the tile where it lies, no
+//    packing (fma_scores_block / fma_values), on float32 rows or on a float32 copy of a low-precision tile;
+//  - AVX-512 with AMX, bfloat16 / float16 (decode_amx_kernel.h): both products on brgemm in the input dtype;
+//  - elsewhere (AVX2, portable, float64): two GEMMs per tile on the vendor BLAS.
+//
+// Included by decode_isa_*.cpp after decode_kernel.h (whose decode_tiles loop, blocking helpers and
+// value_block it shares), in the same namespace.
+#pragma once
+
+#include "attention/cpu/decode_amx_kernel.h"
+#include "attention/cpu/decode_kernel.h"
+
+namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
+namespace {
+
+// The n rows at rows[j] (dim values each) as row-major acc_t matrices for the BLAS: calls f(j0, len, matrix,
+// ld) for rows j0 .. j0 + len - 1. float32 / float64 rows are passed in place, one matrix per run of equally
+// spaced rows (a paged cache's block ends split a tile); other dtypes are converted into `buffer` [n, dim]
+// and passed as one matrix.
+template <typename scalar_t, typename acc_t, typename F>
+void for_each_run(const scalar_t* const* rows, int64_t n, int64_t dim, acc_t* buffer, const F& f) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    for (int64_t j0 = 0, len = 0; j0 < n; j0 += len) {
+      const int64_t stride = j0 + 1 < n ? rows[j0 + 1] - rows[j0] : dim;
+      for (len = 1; j0 + len < n && rows[j0 + len] - rows[j0 + len - 1] == stride; ++len) {
+      }
+      int64_t ld = 0;
+      const acc_t* m = load_key_tile(rows[j0], stride, len, dim, buffer + j0 * dim, &ld);
+      f(j0, len, m, ld);
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      convert_row(rows[j], buffer + j * dim, dim);
+    }
+    f(int64_t(0), n, static_cast<const acc_t*>(buffer), dim);
+  }
+}
+
+// Each key tile as two GEMMs on the vendor BLAS (which picks its own instruction set at run time) over the
+// tile in place where it can (see for_each_run).
+template <typename scalar_t, typename acc_t>
+void decode_rows_blas(const DecodeRows<scalar_t, acc_t>& a) {
+  const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v;
+  const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
+    a.locate(a, a.kv_head + head, k0, n, a.key_rows, a.value_rows);
+    const acc_t* q = a.q + head * rows * Dqk;
+    for_each_run(a.key_rows, n, Dqk, a.key_tile, [&](int64_t j0, int64_t len, const acc_t* keys, int64_t ld) {
+      gemm<acc_t>(false, true, rows, len, Dqk, 1, q, Dqk, keys, ld, 0, a.scores + j0, a.tile);
+    });
+  };
+  const auto values = [&](int64_t head, int64_t n) {
+    acc_t* out = a.out + head * rows * Dv;
+    const auto add_pv = [&](int64_t j0, int64_t len, const acc_t* vals, int64_t ld) {
+      gemm<acc_t>(false, false, rows, Dv, len, 1, a.scores + j0, a.tile, vals, ld, 1, out, Dv);
+    };
+    // MLA: the values are the first dim_v features of the key rows, already converted with the keys.
+    if (!std::is_same_v<scalar_t, acc_t> && values_in_keys(a, n)) {
+      add_pv(0, n, a.key_tile, Dqk);
+    } else {
+      for_each_run(a.value_rows, n, Dv, a.value_tile, add_pv);
+    }
+  };
+  decode_tiles(a, scores, values);
+}
+
+// Register blocks of the FMA micro-kernels (AVX-512: 32 vector registers of 16 floats).
+constexpr int kHeadVecs = 2;     // scores: up to 32 query rows (lanes of 2 vectors) ...
+constexpr int kScoreKeys = 12;   // ... times 12 keys: 24 accumulators + 2 Q vectors + a broadcast key value
+constexpr int kPvRows = 4;       // P V: 4 rows ...
+constexpr int kPvVecs = 6;       // ... times 6 vectors of 16 values: 24 accumulators, 6 value vectors
+
+// scores[r * lds + j] = sum_d keys[j][d] * qt[d * hp + r] for KB keys and the rows r < rows of HB vectors:
+// each key value is broadcast into one FMA per vector of rows, so the keys are read once, in place, and Q
+// stays in L1 (qt: Q^T, [dim, hp], hp = gemm_rows_padded(rows) >= whole vectors, zero past rows).
+template <int KB, int HB>
+inline void fma_scores_block(const float* qt, int64_t hp, int64_t dim, const float* const* keys, int64_t rows,
+                             float* s, int64_t lds) {
+  constexpr int64_t W = Vec<float>::size();
+  Vec<float> acc[KB][HB];
+  ATTN_OPS_UNROLL
+  for (int j = 0; j < KB; ++j) {
+    ATTN_OPS_UNROLL
+    for (int i = 0; i < HB; ++i) {
+      acc[j][i] = Vec<float>(0.f);
+    }
+  }
+  for (int64_t d = 0; d < dim; ++d) {
+    Vec<float> qv[HB];
+    ATTN_OPS_UNROLL
+    for (int i = 0; i < HB; ++i) {
+      qv[i] = Vec<float>::loadu(qt + d * hp + i * W);
+    }
+    ATTN_OPS_UNROLL
+    for (int j = 0; j < KB; ++j) {
+      const Vec<float> kv(keys[j][d]);
+      ATTN_OPS_UNROLL
+      for (int i = 0; i < HB; ++i) {
+        acc[j][i] = at::vec::fmadd(kv, qv[i], acc[j][i]);
+      }
+    }
+  }
+  // Transposed store: a key's vector holds that key's score for W rows.
+  alignas(64) float lanes[W];
+  ATTN_OPS_UNROLL
+  for (int j = 0; j < KB; ++j) {
+    ATTN_OPS_UNROLL
+    for (int i = 0; i < HB; ++i) {
+      acc[j][i].store(lanes);
+      for (int64_t l = 0; l < W && i * W + l < rows; ++l) {
+        s[(i * W + l) * lds + j] = lanes[l];
+      }
+    }
+  }
+}
+
+// scores[rows, n] (row stride lds) = Q K^T over the n key rows at keys[j] (float32, anywhere in memory);
+// prefetch(j0, len) is called before each block of keys j0 .. j0 + len - 1 (the caller's next tile).
+template <typename Prefetch>
+inline void fma_scores(const float* qt, int64_t rows, int64_t dim, const float* const* keys, int64_t n, float* s,
+                       int64_t lds, const Prefetch& prefetch) {
+  constexpr int64_t W = Vec<float>::size();
+  const int64_t vecs = (rows + W - 1) / W, hp = gemm_rows_padded(rows);
+  for (int64_t v0 = 0; v0 < vecs; v0 += kHeadVecs) {
+    with_block<kHeadVecs>(vecs - v0, [&](auto hb) {
+      for (int64_t j0 = 0; j0 < n; j0 += kScoreKeys) {
+        with_block<kScoreKeys>(n - j0, [&](auto kb) {
+          if (v0 == 0) {
+            prefetch(j0, decltype(kb)::value);
+          }
+          fma_scores_block<decltype(kb)::value, decltype(hb)::value>(qt + v0 * W, hp, dim, keys + j0,
+                                                                     rows - v0 * W, s + v0 * W * lds + j0, lds);
+        });
+      }
+    });
+  }
+}
+
+// out[rows, dim_v] += P[rows, n] V over the n value rows at values[j]: blocks of kPvRows rows x kPvVecs
+// vectors (value_block), column blocks outside so a block's slice of the tile is reused from L1 by every
+// row block; the columns past the last whole vector one by one.
+template <typename scalar_t>
+inline void fma_values(const float* p, int64_t ldp, int64_t rows, const scalar_t* const* values, int64_t n,
+                       int64_t dim_v, float* out) {
+  constexpr int64_t W = Vec<float>::size();
+  const int64_t d_vec = dim_v / W * W;
+  for (int64_t d0 = 0; d0 < d_vec; d0 += kPvVecs * W) {
+    with_block<kPvVecs>((d_vec - d0) / W, [&](auto nb) {
+      for (int64_t r0 = 0; r0 < rows; r0 += kPvRows) {
+        with_block<kPvRows>(rows - r0, [&](auto rb) {
+          value_block<decltype(rb)::value, decltype(nb)::value>(p + r0 * ldp, ldp, values, n, d0,
+                                                                out + r0 * dim_v, dim_v);
+        });
+      }
+    });
+  }
+  for (int64_t d = d_vec; d < dim_v; ++d) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float sum = out[r * dim_v + d];
+      for (int64_t j = 0; j < n; ++j) {
+        sum += p[r * ldp + j] * static_cast<float>(values[j][d]);
+      }
+      out[r * dim_v + d] = sum;
+    }
+  }
+}
+
+// The FMA micro-kernel path (float32 accumulation): Q^T of every KV head arranged once per call in a.q_t;
+// float32 tiles read in place, bfloat16 / float16 tiles converted once into a.key_tile / a.value_tile
+// (the scores kernel broadcasts single key values, which a low-precision row would need widened one by one).
+template <typename scalar_t>
+void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
+  TORCH_INTERNAL_ASSERT(a.tile <= kGemmDecodeTile);
+  const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v, hp = gemm_rows_padded(rows);
+  for (int64_t head = 0; head < a.heads; ++head) {  // q_t [heads, Dqk, hp] = Q^T, zero past rows
+    float* qt = a.q_t + head * Dqk * hp;
+    std::fill(qt, qt + Dqk * hp, 0.f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t d = 0; d < Dqk; ++d) {
+        qt[d * hp + r] = a.q[(head * rows + r) * Dqk + d];
+      }
+    }
+  }
+  // float32 tiles: the cache rows themselves; others: the rows of the converted tiles.
+  const float* converted_keys[kGemmDecodeTile];
+  const float* converted_values[kGemmDecodeTile];
+  const float* const* key_rows = converted_keys;
+  const float* const* value_rows = converted_values;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    key_rows = a.key_rows;
+    value_rows = a.value_rows;
+  }
+  const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
+    const int64_t n_next = std::min(a.tile, a.k_end - k0 - n);
+    a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
+    if constexpr (!std::is_same_v<scalar_t, float>) {
+      const bool shared = values_in_keys(a, n);
+      for (int64_t j = 0; j < n; ++j) {
+        convert_row(a.key_rows[j], a.key_tile + j * Dqk, Dqk);
+        converted_keys[j] = a.key_tile + j * Dqk;
+        if (!shared) {
+          convert_row(a.value_rows[j], a.value_tile + j * Dv, Dv);
+        }
+        converted_values[j] = shared ? converted_keys[j] : a.value_tile + j * Dv;
+      }
+    }
+    // The next tile's rows (as many as this tile has), block by block.
+    const auto prefetch = [&](int64_t j0, int64_t len) {
+      for (int64_t j = n + j0; j < std::min(n + j0 + len, n + n_next); ++j) {
+        prefetch_row<1>(a.key_rows[j], Dqk);
+        if (a.value_rows[j] != a.key_rows[j]) {
+          prefetch_row<1>(a.value_rows[j], Dv);
+        }
+      }
+    };
+    fma_scores(a.q_t + head * Dqk * hp, rows, Dqk, key_rows, n, a.scores, a.tile, prefetch);
+  };
+  const auto values = [&](int64_t head, int64_t n) {
+    fma_values(a.scores, a.tile, rows, value_rows, n, Dv, a.out + head * rows * Dv);
+  };
+  decode_tiles(a, scores, values);
+}
+
+}  // namespace
+
+template <typename scalar_t, typename acc_t>
+void decode_rows_gemm(const DecodeRows<scalar_t, acc_t>& a) {
+  if constexpr (kWide && std::is_same_v<acc_t, float>) {
+    if constexpr (!std::is_same_v<scalar_t, float>) {
+      if (a.lowp != nullptr && amx_applies(a)) {
+        return decode_rows_amx(a);
+      }
+    }
+    decode_rows_fma(a);
+  } else {
+    decode_rows_blas(a);
+  }
+}
+
+#define ATTN_OPS_INSTANTIATE_DECODE_ROWS_GEMM(scalar_t) \
+  template void decode_rows_gemm<scalar_t, acc_type<scalar_t>>(const DecodeRows<scalar_t, acc_type<scalar_t>>&);
+ATTN_OPS_INSTANTIATE_DECODE_ROWS_GEMM(float)
+ATTN_OPS_INSTANTIATE_DECODE_ROWS_GEMM(double)
+ATTN_OPS_INSTANTIATE_DECODE_ROWS_GEMM(c10::Half)
+ATTN_OPS_INSTANTIATE_DECODE_ROWS_GEMM(c10::BFloat16)
+#undef ATTN_OPS_INSTANTIATE_DECODE_ROWS_GEMM
+
+}  // namespace attn_ops::cpu::ATTN_OPS_DECODE_NS

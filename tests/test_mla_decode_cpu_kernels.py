@@ -1,0 +1,52 @@
+"""The CPU kernels behind mla_decode, each forced in turn, against the float64 reference.
+
+mla_decode on the CPU is MQA over the latent cache (csrc/attention/cpu/decode_*): with 8 to 128 query
+rows per sequence (Tq x H) it runs decode_rows_gemm, whose kernel depends on the instruction set and the
+dtype (csrc/attention/cpu/decode_gemm_kernel.h):
+  - AVX-512, float32 / float16 (and bfloat16 where the CPU has no AMX): register-blocked FMA
+    micro-kernels, float32 tiles in place, float16 / bfloat16 tiles converted to float32 once;
+  - AVX-512 with AMX, bfloat16: brgemm in bfloat16 with float32 accumulation (decode_amx_kernel.h);
+  - AVX2, portable, float64: two BLAS GEMMs per key tile.
+Fewer rows (H = 1, 3) take the streaming kernel; they are here too, so every head count meets the
+reference under every copy. ATTN_OPS_CPU_ISA (read at every call) selects the copy. Lengths straddle the
+128-key tile and the paged blocks (partial tiles and paged tiles are gathered, zero-padded, on AMX), with
+a row of length 1 and an empty row."""
+
+import pytest
+import torch
+
+from test_mla_ops import ALL_DTYPES, dtype_id, run_case
+
+ISAS = ["default", "avx2", "avx512"]
+LENS = [1, 63, 64, 65, 129, 1000, 0]
+
+
+def capabilities_of_this_cpu():
+    best = torch.backends.cpu.get_cpu_capability().lower()
+    return ISAS[:ISAS.index(best) + 1] if best in ISAS else ["default"]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    if request.param not in capabilities_of_this_cpu():
+        pytest.skip(f"this CPU lacks {request.param}")
+    monkeypatch.setenv("ATTN_OPS_CPU_ISA", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("layout", ["contig", "paged16"])
+@pytest.mark.parametrize("H", [1, 3, 16, 17, 128])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_heads_lengths_layouts(isa, dtype, H, layout):
+    torch.manual_seed(H)
+    run_case(LENS, 1, H, "dc512_dr64", layout, dtype, "cpu")
+
+
+@pytest.mark.parametrize("layout", ["contig", "paged64"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_two_positions_32_rows(isa, dtype, layout):
+    """Tq 2 x H 16: 32 rows per sequence under the causal mask; then head dims off the vector width
+    (d_c 40, d_rope 8: no AMX path, the FMA kernel's scalar column tail) with 18 rows."""
+    torch.manual_seed(2)
+    run_case([1, 65, 129, 0, 300], 2, 16, "dc512_dr64", layout, dtype, "cpu")
+    run_case([1, 65, 200], 2, 9, (40, 8), layout, dtype, "cpu")
