@@ -7,9 +7,12 @@
 // (with one split of a float32 / float64 problem, into dq itself).
 // Splits exist so that a problem with few (sequence, KV head) pairs (MQA, batch 1) still fills every
 // thread; the result does not depend on the thread count's schedule (deterministic).
+// bfloat16 on a CPU with AMX runs each key block's products on brgemm (backward_brgemm.h); the other
+// dtypes and CPUs convert the tiles to float32 / float64 for the BLAS.
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/backward_brgemm.h"
 #include "attention/cpu/blas.h"
 #include "attention/cpu/parallel.h"
 #include "attention/cpu/prefill_kernels.h"
@@ -20,6 +23,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -33,10 +37,12 @@ constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
 template <typename acc_t>
 struct BackwardScratch {
   std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, dq, k, v, dk, dv;
+  std::optional<BrgemmBackwardScratch> lowp;  // the brgemm path's buffers (then the others are empty)
   BackwardScratch(int64_t rows, int64_t dqk, int64_t dv_dim)
       : q(rows * dqk), dout(rows * dv_dim), lse(rows), delta(rows), scores(rows * kKeyBlock),
         probs(rows * kKeyBlock), dscores(rows * kKeyBlock), dq(rows * dqk), k(kKeyBlock * dqk),
         v(kKeyBlock * dv_dim), dk(kKeyBlock * dqk), dv(kKeyBlock * dv_dim) {}
+  explicit BackwardScratch(BrgemmBackwardScratch brgemm) : lowp(std::move(brgemm)) {}
 };
 
 }  // namespace
@@ -106,11 +112,32 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
     for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t) { fill_row(dq_row(b, i, h), Dqk, acc_t(0)); });
   }
 
+  constexpr bool brgemm_dtype = kBackwardBrgemmCopy && std::is_same_v<scalar_t, c10::BFloat16>;
+  std::optional<BrgemmBackward> brgemm;
+  if constexpr (brgemm_dtype) {
+    if (p.total_q > 0 && BrgemmBackward::supports(p)) {
+      brgemm.emplace(p, block_positions, kKeyBlock, dout, dout_layout, q, q_layout, k, k_layout, v, v_layout, lse,
+                     lse_layout, delta.data(), dk, dk_layout, dv, dv_layout);
+    }
+  }
+
   parallel_items(
-      p.batch * p.heads_kv * splits, backward_flops, [&] { return BackwardScratch<acc_t>(max_rows, Dqk, Dv); },
+      p.batch * p.heads_kv * splits, backward_flops,
+      [&] {
+        return brgemm ? BackwardScratch<acc_t>(brgemm->scratch()) : BackwardScratch<acc_t>(max_rows, Dqk, Dv);
+      },
       [&](int64_t item, BackwardScratch<acc_t>& s) {
         const int64_t split = item % splits, g = (item / splits) % p.heads_kv, b = item / (splits * p.heads_kv);
         const int64_t Tk = p.len_k[b];
+        if constexpr (brgemm_dtype) {
+          if (brgemm) {
+            for (int64_t k0 = split * kKeyBlock; k0 < Tk; k0 += splits * kKeyBlock) {
+              brgemm->key_block(b, g, k0, *s.lowp,
+                                [&](int64_t bb, int64_t i, int64_t h) { return dq_row(bb, i, h, split); });
+            }
+            return;
+          }
+        }
         for (int64_t k0 = split * kKeyBlock; k0 < Tk; k0 += splits * kKeyBlock) {
           const int64_t n = std::min(kKeyBlock, Tk - k0);
           int64_t ldk = 0, ldv = 0;
