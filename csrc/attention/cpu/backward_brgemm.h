@@ -129,12 +129,12 @@ class TransposedQueryTiles {
 // rows, scores, gradients and their bfloat16 forms.
 struct BrgemmBackwardScratch {
   std::vector<c10::BFloat16> unpacked, k_t, v_t, k, q, dout, p_packed, ds_packed, ds;
-  std::vector<float> dk_t, dv_t, scores, probs, dscores, dq;
+  std::vector<float> dk_t, dv_t, scores, probs, dscores;
   BrgemmBackwardScratch(int64_t rows_pad, int64_t key_block, int64_t dqk, int64_t dv)
       : unpacked(std::max(dqk, dv) * key_block), k_t(dqk * key_block), v_t(dv * key_block), k(key_block * dqk),
         q(rows_pad * dqk), dout(rows_pad * dv), p_packed(rows_pad * key_block), ds_packed(rows_pad * key_block),
         ds(rows_pad * key_block), dk_t(dqk * key_block), dv_t(dv * key_block), scores(rows_pad * key_block),
-        probs(rows_pad * key_block), dscores(rows_pad * key_block), dq(rows_pad * dqk) {}
+        probs(rows_pad * key_block), dscores(rows_pad * key_block) {}
 };
 
 // Packs the key block [k0, k0 + n) of one KV head (rows k_rows / v_rows, row strides ldk / ldv) for the
@@ -192,9 +192,10 @@ class BrgemmBackward {
   BrgemmBackwardScratch scratch() const { return BrgemmBackwardScratch(rows_pad_, key_block_, p_.dim_qk, p_.dim_v); }
 
   // dK and dV of the key block [k0, k0 + key_block) of (sequence b, KV head g), written to dk / dv, and
-  // its dQ contributions added to dq_row(b, position, head) (a float row of Dqk).
-  template <typename DqRow>
-  void key_block(int64_t b, int64_t g, int64_t k0, BrgemmBackwardScratch& s, const DqRow& dq_row) const {
+  // its dQ contributions added to dq_tile(i0): the float [rows, Dqk] accumulator of the query tile from
+  // position i0 (row r = position i0 + r / G, head g * G + r % G).
+  template <typename DqTile>
+  void key_block(int64_t b, int64_t g, int64_t k0, BrgemmBackwardScratch& s, const DqTile& dq_tile) const {
     const int64_t G = p_.group, Hq = p_.heads_q, Dqk = p_.dim_qk, Dv = p_.dim_v, KB = key_block_;
     const int64_t n = std::min(KB, p_.len_k[b] - k0), width = round_up(n, kPackBlock);
     const float scale = static_cast<float>(p_.scale), softcap = static_cast<float>(p_.softcap);
@@ -233,7 +234,7 @@ class BrgemmBackward {
         pack_row_pair(p0, p1, 1.f, r, rows_pad_, width, s.p_packed.data());
         pack_row_pair(ds0, ds1, scale, r, rows_pad_, width, s.ds_packed.data());
       }
-      // dV^T += dO^T P ; dK^T += Q^T (scale dS) ; dQ = (scale dS) K
+      // dV^T += dO^T P ; dK^T += Q^T (scale dS) ; dQ += (scale dS) K
       const c10::BFloat16* dout_t = tiles_.dout_t(b, g, i0);
       const c10::BFloat16* q_t = tiles_.q_t(b, g, i0);
       for (int64_t c = 0; c < width; c += kPackBlock) {
@@ -242,12 +243,9 @@ class BrgemmBackward {
         lowp_brgemm(Dqk, kPackBlock, rows_pad_, q_t, rows_pad_, s.ds_packed.data() + c * rows_pad_, kPackBlock,
                     s.dk_t.data() + c, KB, true);
       }
+      float* dq = dq_tile(i0);
       for (int64_t c = 0; c < Dqk; c += kPackBlock) {
-        lowp_brgemm(rows, kPackBlock, width, s.ds.data(), KB, s.k.data() + c * width, kPackBlock, s.dq.data() + c,
-                    Dqk, false);
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        add_row(dq_row(b, i0 + r / G, g * G + r % G), s.dq.data() + r * Dqk, Dqk);
+        lowp_brgemm(rows, kPackBlock, width, s.ds.data(), KB, s.k.data() + c * width, kPackBlock, dq + c, Dqk, true);
       }
     }
     at::native::cpublas::brgemm_release();

@@ -32,6 +32,7 @@ namespace {
 
 constexpr int64_t kBackwardRows = 128;  // query rows (positions x group heads) per tile
 constexpr int64_t kKeyBlock = 128;    // keys per block
+constexpr int64_t kBrgemmKeyBlock = 256;  // keys per block on brgemm: half the passes over the dQ accumulators
 constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
 
 template <typename acc_t>
@@ -84,9 +85,19 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
     delta[row] = sum - (dlse ? dlse[lse_layout.at(b, i, h)] : acc_t(0));
   });
 
+  constexpr bool brgemm_dtype = kBackwardBrgemmCopy && std::is_same_v<scalar_t, c10::BFloat16>;
+  std::optional<BrgemmBackward> brgemm;
+  if constexpr (brgemm_dtype) {
+    if (p.total_q > 0 && BrgemmBackward::supports(p)) {
+      brgemm.emplace(p, block_positions, kBrgemmKeyBlock, dout, dout_layout, q, q_layout, k, k_layout, v, v_layout,
+                     lse, lse_layout, delta.data(), dk, dk_layout, dv, dv_layout);
+    }
+  }
+  const int64_t key_block = brgemm ? kBrgemmKeyBlock : kKeyBlock;
+
   int64_t max_key_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
-    max_key_blocks = std::max(max_key_blocks, (p.len_k[b] + kKeyBlock - 1) / kKeyBlock);
+    max_key_blocks = std::max(max_key_blocks, (p.len_k[b] + key_block - 1) / key_block);
   }
   const double backward_flops = 2.5 * p.forward_flops();
   const int64_t pairs = std::max<int64_t>(1, p.batch * p.heads_kv);
@@ -98,7 +109,9 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
   // buffer the size of dq, which is most of the backward's memory beyond its inputs at long lengths.
   constexpr bool same_type = std::is_same_v<scalar_t, acc_t>;
   const bool direct = same_type && splits == 1;
-  std::vector<acc_t> dq_partial(direct ? 0 : splits * p.total_q * Hq * Dqk, acc_t(0));  // [splits, total_q, Hq, Dqk]
+  // [splits, total_q, Hq, Dqk]; on brgemm [splits, Hkv, total_q, G, Dqk], so that a query tile's rows are
+  // one matrix that brgemm accumulates into.
+  std::vector<acc_t> dq_partial(direct ? 0 : splits * p.total_q * Hq * Dqk, acc_t(0));
   // The dQ accumulator of (sequence b, position i, head h) in split `split`.
   auto dq_row = [&](int64_t b, int64_t i, int64_t h, int64_t split = 0) -> acc_t* {
     if constexpr (same_type) {
@@ -106,19 +119,14 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
         return dq + dq_layout.at(b, i, h);
       }
     }
-    return dq_partial.data() + ((split * p.total_q + p.token_q[b] + i) * Hq + h) * Dqk;
+    const int64_t token = p.token_q[b] + i;
+    if (brgemm) {
+      return dq_partial.data() + (((split * p.heads_kv + h / G) * p.total_q + token) * G + h % G) * Dqk;
+    }
+    return dq_partial.data() + ((split * p.total_q + token) * Hq + h) * Dqk;
   };
   if (direct) {
     for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t) { fill_row(dq_row(b, i, h), Dqk, acc_t(0)); });
-  }
-
-  constexpr bool brgemm_dtype = kBackwardBrgemmCopy && std::is_same_v<scalar_t, c10::BFloat16>;
-  std::optional<BrgemmBackward> brgemm;
-  if constexpr (brgemm_dtype) {
-    if (p.total_q > 0 && BrgemmBackward::supports(p)) {
-      brgemm.emplace(p, block_positions, kKeyBlock, dout, dout_layout, q, q_layout, k, k_layout, v, v_layout, lse,
-                     lse_layout, delta.data(), dk, dk_layout, dv, dv_layout);
-    }
   }
 
   parallel_items(
@@ -131,9 +139,9 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
         const int64_t Tk = p.len_k[b];
         if constexpr (brgemm_dtype) {
           if (brgemm) {
-            for (int64_t k0 = split * kKeyBlock; k0 < Tk; k0 += splits * kKeyBlock) {
+            for (int64_t k0 = split * key_block; k0 < Tk; k0 += splits * key_block) {
               brgemm->key_block(b, g, k0, *s.lowp,
-                                [&](int64_t bb, int64_t i, int64_t h) { return dq_row(bb, i, h, split); });
+                                [&](int64_t i0) { return dq_row(b, i0, g * G, split); });
             }
             return;
           }
