@@ -37,14 +37,30 @@ constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
 
 template <typename acc_t>
 struct BackwardScratch {
-  std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, dq, k, v, dk, dv;
+  std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, dq, k, v, dk, dv, k_t, v_t;
   std::optional<BrgemmBackwardScratch> lowp;  // the brgemm path's buffers (then the others are empty)
   BackwardScratch(int64_t rows, int64_t dqk, int64_t dv_dim)
       : q(rows * dqk), dout(rows * dv_dim), lse(rows), delta(rows), scores(rows * kKeyBlock),
         probs(rows * kKeyBlock), dscores(rows * kKeyBlock), dq(rows * dqk), k(kKeyBlock * dqk),
-        v(kKeyBlock * dv_dim), dk(kKeyBlock * dqk), dv(kKeyBlock * dv_dim) {}
+        v(kKeyBlock * dv_dim), dk(kKeyBlock * dqk), dv(kKeyBlock * dv_dim), k_t(dqk * kKeyBlock),
+        v_t(dv_dim * kKeyBlock) {}
   explicit BackwardScratch(BrgemmBackwardScratch brgemm) : lowp(std::move(brgemm)) {}
 };
+
+// dst[d * ld_dst + j] = src[j * ld_src + d]: a [n, dim] tile as [dim, n], in 16 x 16 blocks.
+template <typename T>
+void transpose_tile(const T* src, int64_t ld_src, int64_t n, int64_t dim, T* dst, int64_t ld_dst) {
+  constexpr int64_t kBlock = 16;
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    for (int64_t d0 = 0; d0 < dim; d0 += kBlock) {
+      for (int64_t j = j0; j < std::min(n, j0 + kBlock); ++j) {
+        for (int64_t d = d0; d < std::min(dim, d0 + kBlock); ++d) {
+          dst[d * ld_dst + j] = src[j * ld_src + d];
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -151,6 +167,9 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
           int64_t ldk = 0, ldv = 0;
           const acc_t* kt = load_key_tile(k + k_layout.at(b, k0, g), k_layout.seq_stride, n, Dqk, s.k.data(), &ldk);
           const acc_t* vt = load_key_tile(v + v_layout.at(b, k0, g), v_layout.seq_stride, n, Dv, s.v.data(), &ldv);
+          // K^T and V^T: the score products Q K^T and dO V^T as plain (NN) products, faster than NT in MKL.
+          transpose_tile(kt, ldk, n, Dqk, s.k_t.data(), kKeyBlock);
+          transpose_tile(vt, ldv, n, Dv, s.v_t.data(), kKeyBlock);
           fill_row(s.dk.data(), n * Dqk, acc_t(0));
           fill_row(s.dv.data(), n * Dv, acc_t(0));
 
@@ -166,8 +185,8 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
               s.delta[r] = delta[(p.token_q[b] + pos) * Hq + h];
             }
             // scores[rows, n] = scale * Q K^T, soft-capped; probs = exp(scores - lse) on visible keys.
-            gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), s.scores.data(),
-                        kKeyBlock);
+            gemm<acc_t>(false, false, rows, n, Dqk, scale, s.q.data(), Dqk, s.k_t.data(), kKeyBlock, acc_t(0),
+                        s.scores.data(), kKeyBlock);
             for (int64_t r = 0; r < rows; ++r) {
               acc_t* srow = s.scores.data() + r * kKeyBlock;
               acc_t* prow = s.probs.data() + r * kKeyBlock;
@@ -187,8 +206,8 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
             // dV[n, Dv] += P^T dO ; dP[rows, n] = dO V^T
             gemm<acc_t>(true, false, n, Dv, rows, acc_t(1), s.probs.data(), kKeyBlock, s.dout.data(), Dv, acc_t(1),
                         s.dv.data(), Dv);
-            gemm<acc_t>(false, true, rows, n, Dv, acc_t(1), s.dout.data(), Dv, vt, ldv, acc_t(0), s.dscores.data(),
-                        kKeyBlock);
+            gemm<acc_t>(false, false, rows, n, Dv, acc_t(1), s.dout.data(), Dv, s.v_t.data(), kKeyBlock, acc_t(0),
+                        s.dscores.data(), kKeyBlock);
             // dS = P * (dP - delta), times d(softcap)/d(logit) = 1 - tanh^2 when capped.
             for (int64_t r = 0; r < rows; ++r) {
               logit_grad_row(s.probs.data() + r * kKeyBlock, s.scores.data() + r * kKeyBlock,
