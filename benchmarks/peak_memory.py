@@ -3,7 +3,7 @@
 Run once per implementation, each in its own process:
   python benchmarks/peak_memory.py ours  --seqlen 8192
   python benchmarks/peak_memory.py sdpa  --seqlen 8192
-Shapes: B=1, Hq=32, Hkv=8 (GQA), D=128, float32, causal. Each implementation gets its inputs and output
+Shapes: B=1, Hq=32, Hkv=8 (GQA), D=128, float32 (--dtype bfloat16: the low-precision backward), causal. Each implementation gets its inputs and output
 gradient created directly in its own layout (SDPA: [B, H, T, D]; no transposed copy whose freed pages
 would raise the high-water mark before the run), is warmed up on a small case (code pages, OpenMP and
 BLAS buffers), and then reports the resident-set growth at the peak of one forward+backward
@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--hq", type=int, default=32)
     p.add_argument("--hkv", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     args = p.parse_args(argv)
     attn_ops = machine.import_attn_ops()  # both processes load the same libraries
 
@@ -40,15 +41,16 @@ def main(argv=None) -> int:
             shape_q, shape_kv = (1, seqlen, args.hq, args.head_dim), (1, seqlen, args.hkv, args.head_dim)
         else:  # SDPA takes [B, H, T, D]
             shape_q, shape_kv = (1, args.hq, seqlen, args.head_dim), (1, args.hkv, seqlen, args.head_dim)
-        q, k, v = (torch.randn(s).requires_grad_() for s in (shape_q, shape_kv, shape_kv))
-        dout = torch.randn(shape_q)
+        dtype = getattr(torch, args.dtype)
+        q, k, v = (torch.randn(s, dtype=dtype).requires_grad_() for s in (shape_q, shape_kv, shape_kv))
+        dout = torch.randn(shape_q, dtype=dtype)
         if args.impl == "ours":
             return lambda: attn_ops.attention(q, k, v, causal=True)[0].backward(dout)
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(dout)
 
     make_run(256)()  # warm-up
     extra = peak_extra_bytes(make_run(args.seqlen))
-    print(f"{args.impl}: T={args.seqlen} Hq={args.hq} Hkv={args.hkv} D={args.head_dim} float32 causal "
+    print(f"{args.impl}: T={args.seqlen} Hq={args.hq} Hkv={args.hkv} D={args.head_dim} {args.dtype} causal "
           f"forward+backward: peak memory beyond inputs {extra / 2**20:.0f} MiB")
     return 0
 

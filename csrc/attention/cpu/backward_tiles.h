@@ -7,9 +7,12 @@
 // (with one split of a float32 / float64 problem, into dq itself).
 // Splits exist so that a problem with few (sequence, KV head) pairs (MQA, batch 1) still fills every
 // thread; the result does not depend on the thread count's schedule (deterministic).
+// bfloat16 on a CPU with AMX runs each key block's products on brgemm (backward_brgemm.h); the other
+// dtypes and CPUs convert the tiles to float32 / float64 for the BLAS.
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/backward_brgemm.h"
 #include "attention/cpu/blas.h"
 #include "attention/cpu/parallel.h"
 #include "attention/cpu/prefill_kernels.h"
@@ -20,6 +23,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -28,16 +32,35 @@ namespace {
 
 constexpr int64_t kBackwardRows = 128;  // query rows (positions x group heads) per tile
 constexpr int64_t kKeyBlock = 128;    // keys per block
+constexpr int64_t kBrgemmKeyBlock = 256;  // keys per block on brgemm: half the passes over the dQ accumulators
 constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
 
 template <typename acc_t>
 struct BackwardScratch {
-  std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, dq, k, v, dk, dv;
+  std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, dq, k, v, dk, dv, k_t, v_t;
+  std::optional<BrgemmBackwardScratch> lowp;  // the brgemm path's buffers (then the others are empty)
   BackwardScratch(int64_t rows, int64_t dqk, int64_t dv_dim)
       : q(rows * dqk), dout(rows * dv_dim), lse(rows), delta(rows), scores(rows * kKeyBlock),
         probs(rows * kKeyBlock), dscores(rows * kKeyBlock), dq(rows * dqk), k(kKeyBlock * dqk),
-        v(kKeyBlock * dv_dim), dk(kKeyBlock * dqk), dv(kKeyBlock * dv_dim) {}
+        v(kKeyBlock * dv_dim), dk(kKeyBlock * dqk), dv(kKeyBlock * dv_dim), k_t(dqk * kKeyBlock),
+        v_t(dv_dim * kKeyBlock) {}
+  explicit BackwardScratch(BrgemmBackwardScratch brgemm) : lowp(std::move(brgemm)) {}
 };
+
+// dst[d * ld_dst + j] = src[j * ld_src + d]: a [n, dim] tile as [dim, n], in 16 x 16 blocks.
+template <typename T>
+void transpose_tile(const T* src, int64_t ld_src, int64_t n, int64_t dim, T* dst, int64_t ld_dst) {
+  constexpr int64_t kBlock = 16;
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    for (int64_t d0 = 0; d0 < dim; d0 += kBlock) {
+      for (int64_t j = j0; j < std::min(n, j0 + kBlock); ++j) {
+        for (int64_t d = d0; d < std::min(dim, d0 + kBlock); ++d) {
+          dst[d * ld_dst + j] = src[j * ld_src + d];
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -78,9 +101,19 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
     delta[row] = sum - (dlse ? dlse[lse_layout.at(b, i, h)] : acc_t(0));
   });
 
+  constexpr bool brgemm_dtype = kBackwardBrgemmCopy && std::is_same_v<scalar_t, c10::BFloat16>;
+  std::optional<BrgemmBackward> brgemm;
+  if constexpr (brgemm_dtype) {
+    if (p.total_q > 0 && BrgemmBackward::supports(p)) {
+      brgemm.emplace(p, block_positions, kBrgemmKeyBlock, dout, dout_layout, q, q_layout, k, k_layout, v, v_layout,
+                     lse, lse_layout, delta.data(), dk, dk_layout, dv, dv_layout);
+    }
+  }
+  const int64_t key_block = brgemm ? kBrgemmKeyBlock : kKeyBlock;
+
   int64_t max_key_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
-    max_key_blocks = std::max(max_key_blocks, (p.len_k[b] + kKeyBlock - 1) / kKeyBlock);
+    max_key_blocks = std::max(max_key_blocks, (p.len_k[b] + key_block - 1) / key_block);
   }
   const double backward_flops = 2.5 * p.forward_flops();
   const int64_t pairs = std::max<int64_t>(1, p.batch * p.heads_kv);
@@ -92,7 +125,9 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
   // buffer the size of dq, which is most of the backward's memory beyond its inputs at long lengths.
   constexpr bool same_type = std::is_same_v<scalar_t, acc_t>;
   const bool direct = same_type && splits == 1;
-  std::vector<acc_t> dq_partial(direct ? 0 : splits * p.total_q * Hq * Dqk, acc_t(0));  // [splits, total_q, Hq, Dqk]
+  // [splits, total_q, Hq, Dqk]; on brgemm [splits, Hkv, total_q, G, Dqk], so that a query tile's rows are
+  // one matrix that brgemm accumulates into.
+  std::vector<acc_t> dq_partial(direct ? 0 : splits * p.total_q * Hq * Dqk, acc_t(0));
   // The dQ accumulator of (sequence b, position i, head h) in split `split`.
   auto dq_row = [&](int64_t b, int64_t i, int64_t h, int64_t split = 0) -> acc_t* {
     if constexpr (same_type) {
@@ -100,22 +135,41 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
         return dq + dq_layout.at(b, i, h);
       }
     }
-    return dq_partial.data() + ((split * p.total_q + p.token_q[b] + i) * Hq + h) * Dqk;
+    const int64_t token = p.token_q[b] + i;
+    if (brgemm) {
+      return dq_partial.data() + (((split * p.heads_kv + h / G) * p.total_q + token) * G + h % G) * Dqk;
+    }
+    return dq_partial.data() + ((split * p.total_q + token) * Hq + h) * Dqk;
   };
   if (direct) {
     for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t) { fill_row(dq_row(b, i, h), Dqk, acc_t(0)); });
   }
 
   parallel_items(
-      p.batch * p.heads_kv * splits, backward_flops, [&] { return BackwardScratch<acc_t>(max_rows, Dqk, Dv); },
+      p.batch * p.heads_kv * splits, backward_flops,
+      [&] {
+        return brgemm ? BackwardScratch<acc_t>(brgemm->scratch()) : BackwardScratch<acc_t>(max_rows, Dqk, Dv);
+      },
       [&](int64_t item, BackwardScratch<acc_t>& s) {
         const int64_t split = item % splits, g = (item / splits) % p.heads_kv, b = item / (splits * p.heads_kv);
         const int64_t Tk = p.len_k[b];
+        if constexpr (brgemm_dtype) {
+          if (brgemm) {
+            for (int64_t k0 = split * key_block; k0 < Tk; k0 += splits * key_block) {
+              brgemm->key_block(b, g, k0, *s.lowp,
+                                [&](int64_t i0) { return dq_row(b, i0, g * G, split); });
+            }
+            return;
+          }
+        }
         for (int64_t k0 = split * kKeyBlock; k0 < Tk; k0 += splits * kKeyBlock) {
           const int64_t n = std::min(kKeyBlock, Tk - k0);
           int64_t ldk = 0, ldv = 0;
           const acc_t* kt = load_key_tile(k + k_layout.at(b, k0, g), k_layout.seq_stride, n, Dqk, s.k.data(), &ldk);
           const acc_t* vt = load_key_tile(v + v_layout.at(b, k0, g), v_layout.seq_stride, n, Dv, s.v.data(), &ldv);
+          // K^T and V^T: the score products Q K^T and dO V^T as plain (NN) products, faster than NT in MKL.
+          transpose_tile(kt, ldk, n, Dqk, s.k_t.data(), kKeyBlock);
+          transpose_tile(vt, ldv, n, Dv, s.v_t.data(), kKeyBlock);
           fill_row(s.dk.data(), n * Dqk, acc_t(0));
           fill_row(s.dv.data(), n * Dv, acc_t(0));
 
@@ -131,8 +185,8 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
               s.delta[r] = delta[(p.token_q[b] + pos) * Hq + h];
             }
             // scores[rows, n] = scale * Q K^T, soft-capped; probs = exp(scores - lse) on visible keys.
-            gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), s.scores.data(),
-                        kKeyBlock);
+            gemm<acc_t>(false, false, rows, n, Dqk, scale, s.q.data(), Dqk, s.k_t.data(), kKeyBlock, acc_t(0),
+                        s.scores.data(), kKeyBlock);
             for (int64_t r = 0; r < rows; ++r) {
               acc_t* srow = s.scores.data() + r * kKeyBlock;
               acc_t* prow = s.probs.data() + r * kKeyBlock;
@@ -152,8 +206,8 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
             // dV[n, Dv] += P^T dO ; dP[rows, n] = dO V^T
             gemm<acc_t>(true, false, n, Dv, rows, acc_t(1), s.probs.data(), kKeyBlock, s.dout.data(), Dv, acc_t(1),
                         s.dv.data(), Dv);
-            gemm<acc_t>(false, true, rows, n, Dv, acc_t(1), s.dout.data(), Dv, vt, ldv, acc_t(0), s.dscores.data(),
-                        kKeyBlock);
+            gemm<acc_t>(false, false, rows, n, Dv, acc_t(1), s.dout.data(), Dv, s.v_t.data(), kKeyBlock, acc_t(0),
+                        s.dscores.data(), kKeyBlock);
             // dS = P * (dP - delta), times d(softcap)/d(logit) = 1 - tanh^2 when capped.
             for (int64_t r = 0; r < rows; ++r) {
               logit_grad_row(s.probs.data() + r * kKeyBlock, s.scores.data() + r * kKeyBlock,

@@ -1,0 +1,81 @@
+"""The low-precision backward's brgemm path (bfloat16 on a CPU with AMX, the AVX-512 copy) against the
+float64 reference.
+
+That path needs Dqk a multiple of 64: these cases use D = 64 / 128 so that bfloat16 takes it where the
+CPU has AMX (float16 runs the float32 tile path there; its cases check the same shapes). Lengths cross
+the backward's 128-key block and 64-key pack block (1, 17, 63, 64, 65, 257), GQA groups 1 / 4 / all,
+causal / window / softcap, varlen with empty sequences; every case is also run on the portable copy
+(ATTN_OPS_CPU_ISA=default), which never takes brgemm.
+"""
+
+import pytest
+import torch
+
+import attn_ops
+from reference import dense_inputs, varlen_inputs
+from test_attention_backward import check_backward
+
+LOWP = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(params=["best", "default"])
+def isa(request, monkeypatch):
+    if request.param == "default":
+        monkeypatch.setenv("ATTN_OPS_CPU_ISA", "default")
+    return request.param
+
+
+def dtype_id(dt):
+    return str(dt).replace("torch.", "")
+
+
+@pytest.mark.parametrize("t", [1, 17, 63, 64, 65, 257])
+@pytest.mark.parametrize("dtype", LOWP, ids=dtype_id)
+def test_lengths_causal_gqa4(isa, dtype, t):
+    q, k, v = dense_inputs(1, t, t, 8, 2, 64, 64, dtype, "cpu")
+    check_backward(q, k, v, causal=True)
+
+
+# (Tq, Tk, Hq, Hkv, D, kwargs)
+CASES = {
+    "mha_full_dlse": (65, 129, 4, 4, 64, {}),
+    "mqa_causal_tq_lt_tk": (17, 257, 4, 1, 128, dict(causal=True)),
+    "gqa4_window": (130, 130, 8, 2, 64, dict(window_left=40, window_right=3)),
+    "gqa4_softcap": (63, 65, 8, 2, 128, dict(softcap=6.0, causal=True)),
+    "all_negative_scale": (64, 63, 4, 1, 64, dict(scale=-0.1)),
+    "rows_without_keys": (70, 20, 4, 2, 64, dict(causal=True)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", LOWP, ids=dtype_id)
+def test_cases(isa, dtype, case):
+    tq, tk, hq, hkv, d, kw = CASES[case]
+    q, k, v = dense_inputs(2, tq, tk, hq, hkv, d, d, dtype, "cpu")
+    check_backward(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("dtype", LOWP, ids=dtype_id)
+def test_dqk_ne_dv(isa, dtype):
+    q, k, v = dense_inputs(1, 65, 65, 4, 2, 128, 64, dtype, "cpu")
+    check_backward(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("dtype", LOWP, ids=dtype_id)
+def test_varlen_empty_sequences(isa, dtype, layout):
+    lens_q, lens_k = [17, 0, 65, 1, 130], [17, 9, 65, 0, 257]
+    q, k, v, cq, ck = varlen_inputs(lens_q, lens_k, 8, 2, 64, 64, dtype, "cpu", layout)
+    check_backward(q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck)
+
+
+def test_deterministic(isa):
+    q, k, v = dense_inputs(1, 300, 300, 8, 2, 128, 128, torch.bfloat16, "cpu")
+    dout = torch.randn_like(q)
+    grads = []
+    for _ in range(2):
+        qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
+        out, _ = attn_ops.attention(qs, ks, vs, causal=True)
+        grads.append(torch.autograd.grad(out, (qs, ks, vs), dout))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
