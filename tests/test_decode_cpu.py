@@ -1,7 +1,8 @@
 """The CPU decode kernel (csrc/attention/cpu/decode_*.cpp) against the float64 reference.
 
-attention_with_kvcache and mla_decode take the decode kernel when every row has at most 32 query
-rows per KV head (Tq x Hq / Hkv <= 32), else the tiled prefill kernel. The decode kernel has two
+attention_with_kvcache and mla_decode run each sequence with at most 32 query rows per KV head
+(Tq x Hq / Hkv <= 32) on the decode kernel and the others on the tiled prefill kernel (a packed
+serving batch may mix both kinds in one call). The decode kernel has two
 row kernels, picked per sequence by its rows per KV head: below 8 it streams K/V through register
 dot products, from 8 on (MLA, large groups) it runs each key tile as two BLAS GEMMs on the tile in
 place (float32 / float64, evenly spaced rows) or on a converted copy; the cases cover both sides
@@ -12,7 +13,8 @@ file's cases in a subprocess for every capability this CPU has, so each path mee
 Cases per dtype: GQA groups 1 / 4 / all, head dims that are not a multiple of any vector width,
 paged caches, key splits (one long row), Tq > 1 with windows and soft-capping, rows with no
 visible key, the largest row count the kernel takes (32) and the first it leaves (33), MLA's
-576 / 512 shared latent row, and NaN propagation.
+576 / 512 shared latent row, NaN propagation, the streaming kernel's key tiles (lengths around
+64, paged block sizes 1 / 7 / 16 / 64, groups 1-4) and mixed decode + prefill batches.
 """
 
 import os
