@@ -36,8 +36,9 @@ struct DecodeScratch {
   std::vector<const scalar_t*> key_rows, value_rows;
   // gemm_tile: decode_rows_gemm's keys per tile, 0 where it does not run (it needs the converted tiles).
   DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile)
-      : q(heads * rows * dqk), scores(std::max(heads * rows * kDecodeChunk, rows * gemm_tile)), key_tile(gemm_tile * dqk),
-        value_tile(gemm_tile * dv), row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv),
+      : q(heads * rows * dqk), scores(std::max(heads * rows * kDecodeChunk, rows * gemm_tile)),
+        key_tile(gemm_tile * dqk), value_tile(gemm_tile * dv), row_max(heads * rows), row_sum(heads * rows),
+        out(heads * rows * dv),
         lse(heads * rows), key_lo(rows), key_hi(rows), key_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         value_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)) {}
 };
