@@ -15,7 +15,8 @@ cache, cache_seqlens = context). Compared on the same values:
 The baselines read a contiguous [B, Hkv, context, D] cache (HF's layout; no paged form); their
 ratios are against ours on the contiguous cache. GB/s = bytes of the K and V cache read
 (2 * B * context * Hkv * D * element size) / time, next to the copy bandwidth measured in the same
-run (bytes read + written of a large device-to-device copy).
+run (bytes read + written of a large device-to-device copy) and the read bandwidth (bytes read by a
+sum over 1 GiB, 2 GiB on a GPU: decode only reads the cache).
 
 Appends: decode appends (one token per row, at position context - 1: kv_cache_append, and
 paged_kv_cache_append with a slot per row) per case, and bulk appends (--append-tokens new tokens
@@ -363,13 +364,17 @@ def render_markdown(run, results, bulk, mixed=()):
     args, cp = run.args, run.ceilings["copy"]["gbps"]
     L = ["# attn_ops decode benchmark (attention_with_kvcache, KV-cache appends)", ""]
     L += reporting.header_lines(run.info, run.ceilings, run.elapsed(), args.device)
+    rd = run.ceilings["read"]
+    L.append(f"- read ceiling (this run): sum of {reporting.fmt_bytes(rd['bytes'])}: {rd['gbps']:.1f} GB/s "
+             f"(bytes read; what decode needs: it only reads the cache)")
     L.append("")
     if results:
         L.append(f"Decode: one query token per row, Hq = {args.hq}, D = {args.head_dim}, {args.dtype}, "
                  f"every row attends to the whole context. Cells: median time (GB/s of the K/V cache "
                  f"read). X/ours = X time / ours time (> 1: attn_ops is faster), against ours on the "
                  f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
-                 f"({cp:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
+                 f"({cp:.0f} GB/s); ours % read = the same against the read bandwidth "
+                 f"({run.ceilings['read']['gbps']:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
                  f"work). paged16 / paged1 = ours over a paged cache with that block size. The "
                  f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
                  f"max abs(sdpa); paged diff: the largest of the same for paged against contiguous. "
@@ -382,7 +387,7 @@ def render_markdown(run, results, bulk, mixed=()):
             results, keys, args.impls, cp,
             [("rel. diff", "rel_diff_vs_sdpa"), ("paged diff", "rel_diff_paged_vs_contiguous")],
             "Decode appends (one new token per row, K and V): median time (GB/s, bytes read + "
-            "written); latency-bound at these sizes.")
+            "written); latency-bound at these sizes.", read_gbps=run.ceilings["read"]["gbps"])
     if bulk:
         L.append("")
         L.append(f"Bulk appends (a prefill chunk): median time (GB/s, bytes read + written; copy "
@@ -402,6 +407,9 @@ def render_markdown(run, results, bulk, mixed=()):
 def main(argv=None) -> int:
     args = parse_args(argv)
     run = runner.Run(args, [args.dtype])
+    run.ceilings["read"] = machine.read_ceiling(args.device)
+    print(f"# ceiling: read {reporting.fmt_bytes(run.ceilings['read']['bytes'])}: "
+          f"{run.ceilings['read']['gbps']:.1f} GB/s", flush=True)
     results, bulk, mixed = [], [], []
 
     def report(final):

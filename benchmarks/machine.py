@@ -155,6 +155,16 @@ def copy_ceiling(device: str, nbytes: int | None = None) -> dict:
     return {"bytes": nbytes, "gbps": 2 * nbytes / m["median_s"] / 1e9}
 
 
+def read_ceiling(device: str, nbytes: int | None = None) -> dict:
+    """GB/s of x.sum() over nbytes of float32 (1 GiB on CPU, 2 GiB on a GPU): a read-only stream, the
+    limit of a kernel that only reads its inputs (decode). The copy ceiling counts a write per byte read,
+    which costs more than a read (the written lines are read first unless the stores bypass the cache)."""
+    nbytes = nbytes or (2 * GiB if str(device).startswith("cuda") else GiB)
+    x = torch.ones(nbytes // 4, device=device, dtype=torch.float32)
+    m = measure(lambda: x.sum(), device=device, repeats=5, warmup=1, budget_s=5.0)
+    return {"bytes": nbytes, "gbps": nbytes / m["median_s"] / 1e9}
+
+
 def measure_ceilings(device: str, matmul_dtypes: list[str]) -> dict:
     """The machine's two ceilings, measured in this run and printed: a large matmul per dtype
     (float32 first) and a large copy. {"matmul": [matmul_ceiling...], "copy": copy_ceiling}."""

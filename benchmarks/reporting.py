@@ -110,20 +110,22 @@ def time_ratio(impls: dict, impl: str, ref: str) -> str:
 
 def bandwidth_tables(results: list[dict], keys: list[tuple[str, Callable[[dict], object]]],
                      impls: list[str], copy_gbps: float, diffs: list[tuple[str, str]],
-                     appends_intro: str) -> list[str]:
+                     appends_intro: str, read_gbps: float | None = None) -> list[str]:
     """Markdown lines of a memory-bound benchmark (bench_decode.py, bench_mla.py): one row per
     case with the key columns, one cell per implementation (bw_cell), X/ours ratios, ours' share
-    of the copy bandwidth, ours' sample count and the rel. diff columns (diffs: (header, row key));
-    then, when the rows have "appends", a table of those."""
+    of the copy bandwidth (and of the read bandwidth when read_gbps is given), ours' sample count
+    and the rel. diff columns (diffs: (header, row key)); then, when the rows have "appends", a
+    table of those."""
+    shares = [("copy", copy_gbps)] + ([("read", read_gbps)] if read_gbps else [])
     header = [h for h, _ in keys] + impls + [f"{i}/ours" for i in impls if i != "ours"] + \
-        ["ours % copy", "n"] + [h for h, _ in diffs]
+        [f"ours % {name}" for name, _ in shares] + ["n"] + [h for h, _ in diffs]
     rows = []
     for r in results:
         o = r["impls"].get("ours", {})
         rows.append([f(r) for _, f in keys] + [bw_cell(r["impls"].get(i)) for i in impls] +
                     [time_ratio(r["impls"], i, "ours") for i in impls if i != "ours"] +
-                    [f"{100 * o['gbps'] / copy_gbps:.0f}%" if o.get("status") == "ok" else "-",
-                     o.get("n", "-")] +
+                    [f"{100 * o['gbps'] / gbps:.0f}%" if o.get("status") == "ok" else "-"
+                     for _, gbps in shares] + [o.get("n", "-")] +
                     [f"{r[k]:.1e}" if k in r else "-" for _, k in diffs])
     L = [markdown_table(header, [[str(c) for c in x] for x in rows])]
     names = []

@@ -1,7 +1,8 @@
 """The CPU decode kernel (csrc/attention/cpu/decode_*.cpp) against the float64 reference.
 
-attention_with_kvcache and mla_decode take the decode kernel when every row has at most 32 query
-rows per KV head (Tq x Hq / Hkv <= 32), else the tiled prefill kernel. The decode kernel has two
+attention_with_kvcache and mla_decode run each sequence with at most 32 query rows per KV head
+(Tq x Hq / Hkv <= 32) on the decode kernel and the others on the tiled prefill kernel (a packed
+serving batch may mix both kinds in one call). The decode kernel has two
 row kernels, picked per sequence by its rows per KV head: below 8 it streams K/V through register
 dot products, from 8 on (MLA, large groups) it runs each key tile as two BLAS GEMMs on the tile in
 place (float32 / float64, evenly spaced rows) or on a converted copy; the cases cover both sides
@@ -12,7 +13,8 @@ file's cases in a subprocess for every capability this CPU has, so each path mee
 Cases per dtype: GQA groups 1 / 4 / all, head dims that are not a multiple of any vector width,
 paged caches, key splits (one long row), Tq > 1 with windows and soft-capping, rows with no
 visible key, the largest row count the kernel takes (32) and the first it leaves (33), MLA's
-576 / 512 shared latent row, and NaN propagation.
+576 / 512 shared latent row, NaN propagation, the streaming kernel's key tiles (lengths around
+64, paged block sizes 1 / 7 / 16 / 64, groups 1-4) and mixed decode + prefill batches.
 """
 
 import os
@@ -26,6 +28,7 @@ import attn_ops
 from kvcache_reference import attention_with_kvcache_ref, kvcache_inputs
 from mla_reference import mla_decode_ref, mla_inputs
 from reference import assert_close_to_ref
+from serving_reference import attention_with_kvcache_serving_ref
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,6 +117,57 @@ def test_nan_reaches_only_its_rows(dtype, where, hq):
             assert torch.isnan(out[0, 0, :G, 5]).all() and torch.isfinite(lse).all()
             assert torch.isfinite(out[0, 0, :G, :5]).all() and torch.isfinite(out[0, 0, G:]).all()
         assert torch.isfinite(out[1]).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("block_size", [None, 1, 7, 16, 64], ids=lambda b: f"paged{b}" if b else "contiguous")
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
+def test_streaming_tiles_every_head(dtype, block_size, group):
+    """The streaming kernel walks each key tile of all KV heads key by key: lengths around the 64-key
+    tile (0, 1, 63, 64, 65, 130), paged block sizes that do and do not divide it, 3 KV heads, groups
+    whose 16 AVX-512 score accumulators are summed by one tree (1, 2, 4 rows) or one by one (3)."""
+    torch.manual_seed(group * 100 + (block_size or 0))
+    lens = [0, 1, 63, 64, 65, 130]
+    q, kc, vc, seqlens, bt = kvcache_inputs(len(lens), 1, 3 * group, 3, 64, 48, lens, dtype=dtype,
+                                            block_size=block_size)
+    check(q, kc, vc, seqlens, bt)
+
+
+def packed_mixed_inputs(lens_q, lens_k, Hq, Hkv, D, dtype, block_size, pool_rows):
+    """Packed q [sum(lens_q), Hq, D], a cache pool of pool_rows rows (paged when block_size is given),
+    cache_seqlens and the serving keyword arguments (cu_seqlens_q, cache_batch_idx, cache_leftpad)."""
+    B, capacity = len(lens_q), max(lens_k) + 9
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    q = torch.randn(sum(lens_q), Hq, D, dtype=dtype)
+    kw = {"cu_seqlens_q": i32([0] + torch.tensor(lens_q).cumsum(0).tolist()), "max_seqlen_q": max(lens_q),
+          "cache_batch_idx": i32(torch.randperm(pool_rows)[:B].tolist()),
+          "cache_leftpad": i32([min(3, L - T) for L, T in zip(lens_k, lens_q)])}
+    if block_size is None:
+        kc = torch.randn(pool_rows, capacity, Hkv, D, dtype=dtype)
+        vc = torch.randn(pool_rows, capacity, Hkv, D, dtype=dtype)
+    else:
+        blocks = -(-capacity // block_size)
+        kc = torch.randn(pool_rows * blocks + 2, block_size, Hkv, D, dtype=dtype)
+        vc = torch.randn_like(kc)
+        kw["block_table"] = torch.randperm(kc.shape[0])[:pool_rows * blocks].reshape(pool_rows, blocks).to(torch.int32)
+    return q, kc, vc, i32(lens_k), kw
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("block_size", [None, 16])
+def test_mixed_decode_and_prefill_rows_in_one_call(dtype, block_size):
+    """A packed serving batch mixing decode rows (Tq x group <= 32: the decode kernel) with prefill
+    chunks (the tiled kernel) and an empty row: each kind runs on its kernel over its own rows, the
+    cache rows picked by cache_batch_idx, left-padded, contiguous or paged."""
+    torch.manual_seed(5)
+    lens_q, lens_k = [1, 40, 0, 2, 9, 1], [70, 90, 5, 66, 9, 1]
+    q, kc, vc, seqlens, kw = packed_mixed_inputs(lens_q, lens_k, 8, 2, 32, dtype, block_size, pool_rows=8)
+    out, lse = attn_ops.attention_with_kvcache(q, kc, vc, seqlens, **kw)
+    ref_kw = {k: v for k, v in kw.items() if k != "max_seqlen_q"}
+    r_out, r_lse = attention_with_kvcache_serving_ref(q, kc, vc, seqlens, **ref_kw)
+    s_out, s_lse = attention_with_kvcache_serving_ref(q, kc, vc, seqlens, **ref_kw, compute_dtype=dtype)
+    assert_close_to_ref(out, r_out, s_out, name="out")
+    assert_close_to_ref(lse, r_lse, s_lse.to(lse.dtype), name="lse")
 
 
 def test_single_thread_threshold_gives_same_result():

@@ -211,13 +211,11 @@ void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const SeqLayout lse_layout = packed ? layout_of(lse, p, p.token_q, true, 1, 0) : layout_of(lse, p, {}, false, 2, 1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
     using acc_t = acc_type<scalar_t>;
-    // Few query rows per KV head (decode): the kernel that streams the cache; else the tiled one.
-    const auto kernel =
-        decode_kernel_applies(p) ? &decode_forward_kernel<scalar_t, acc_t> : &attention_forward_kernel<scalar_t, acc_t>;
-    kernel(p, q.const_data_ptr<scalar_t>(), tokens(q), k_cache.const_data_ptr<scalar_t>(),
-           cache_layout(k_cache, table_ptr, cache_row, first_key, left_padded), v_cache.const_data_ptr<scalar_t>(),
-           cache_layout(v_cache, table_ptr, cache_row, first_key, left_padded), out.mutable_data_ptr<scalar_t>(),
-           tokens(out), lse.mutable_data_ptr<acc_t>(), lse_layout);
+    kvcache_forward_kernel<scalar_t, acc_t>(
+        p, q.const_data_ptr<scalar_t>(), tokens(q), k_cache.const_data_ptr<scalar_t>(),
+        cache_layout(k_cache, table_ptr, cache_row, first_key, left_padded), v_cache.const_data_ptr<scalar_t>(),
+        cache_layout(v_cache, table_ptr, cache_row, first_key, left_padded), out.mutable_data_ptr<scalar_t>(),
+        tokens(out), lse.mutable_data_ptr<acc_t>(), lse_layout);
   });
 }
 

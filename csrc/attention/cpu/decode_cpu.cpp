@@ -4,6 +4,7 @@
 // Work is split over (sequence, KV head) and, when those are too few to keep every thread busy (B = 1 with a
 // long context), over chunks of the keys, whose partial results are merged by their log-sum-exp.
 #include "attention/cpu/decode_cpu.h"
+#include "attention/cpu/batch_subset.h"
 #include "attention/cpu/parallel.h"
 #include "attention/cpu/row_ops.h"
 #include "attention/cpu/split_merge.h"
@@ -38,12 +39,12 @@ struct DecodeScratch {
   // gemm_tile: decode_rows_gemm's keys per tile, 0 where it does not run (it needs the converted tiles, Q^T
   // or scores^T, and for low-precision caches the AMX operands: decode_amx_kernel.h).
   DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile)
-      : q(heads * rows * dqk), scores(rows * std::max(kDecodeChunk, gemm_tile)), key_tile(gemm_tile * dqk),
-        value_tile(gemm_tile * dv),
+      : q(heads * rows * dqk), scores(std::max(heads * rows * kDecodeChunk, rows * gemm_tile)),
+        key_tile(gemm_tile * dqk), value_tile(gemm_tile * dv),
         q_t(gemm_tile > 0 ? std::max(heads * dqk, gemm_tile) * gemm_rows_padded(rows) : 0),
-        row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv),
-        lse(heads * rows), key_lo(rows), key_hi(rows), key_rows(2 * std::max(kDecodeChunk, gemm_tile)),
-        value_rows(2 * std::max(kDecodeChunk, gemm_tile)),
+        row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv), lse(heads * rows), key_lo(rows),
+        key_hi(rows), key_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
+        value_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         lowp(gemm_tile > 0 && !std::is_same_v<scalar_t, acc_t>
                  ? (heads + 1) * dqk * gemm_rows_padded(rows) + gemm_tile * (dqk + 2 * dv + rows)
                  : 0) {}
@@ -67,13 +68,14 @@ void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0,
   }
 }
 
-}  // namespace
-
-bool decode_kernel_applies(const AttentionProblem& p) {
-  const int64_t longest_q = p.batch == 0 ? 0 : *std::max_element(p.len_q.begin(), p.len_q.end());
-  const int64_t rows = longest_q * p.group;
+// Whether a sequence of len_q queries runs on the decode kernel: few query rows per KV head, or with one
+// KV head (MQA, MLA's latent row) up to kMaxGemmDecodeRows on its GEMM path.
+bool takes_decode_kernel(const AttentionProblem& p, int64_t len_q) {
+  const int64_t rows = len_q * p.group;
   return rows <= kMaxDecodeRows || (p.heads_kv == 1 && rows <= kMaxGemmDecodeRows);
 }
+
+}  // namespace
 
 template <typename scalar_t, typename acc_t>
 void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
@@ -168,8 +170,33 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
   }
 }
 
+template <typename scalar_t, typename acc_t>
+void kvcache_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
+                            const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout,
+                            scalar_t* out, const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
+  std::vector<int64_t> decode_seqs, tiled_seqs;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    (takes_decode_kernel(p, p.len_q[b]) ? decode_seqs : tiled_seqs).push_back(b);
+  }
+  if (tiled_seqs.empty()) {
+    return decode_forward_kernel(p, q, q_layout, k, k_layout, v, v_layout, out, out_layout, lse, lse_layout);
+  }
+  if (decode_seqs.empty()) {
+    return attention_forward_kernel(p, q, q_layout, k, k_layout, v, v_layout, out, out_layout, lse, lse_layout);
+  }
+  // A mixed batch: the tiled kernel would run each decode row as a tile of its own.
+  const BatchSubset dec(p, decode_seqs), tiled(p, tiled_seqs);
+  decode_forward_kernel(dec.problem, q, dec.of(q_layout), k, dec.of(k_layout), v, dec.of(v_layout), out,
+                        dec.of(out_layout), lse, dec.of(lse_layout));
+  attention_forward_kernel(tiled.problem, q, tiled.of(q_layout), k, tiled.of(k_layout), v, tiled.of(v_layout), out,
+                           tiled.of(out_layout), lse, tiled.of(lse_layout));
+}
+
 #define ATTN_OPS_INSTANTIATE_DECODE(scalar_t)                                                                         \
   template void decode_forward_kernel<scalar_t, acc_type<scalar_t>>(                                                \
+      const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const KeyLayout&, const scalar_t*, \
+      const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);                       \
+  template void kvcache_forward_kernel<scalar_t, acc_type<scalar_t>>(                                               \
       const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const KeyLayout&, const scalar_t*, \
       const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
 ATTN_OPS_INSTANTIATE_DECODE(float)

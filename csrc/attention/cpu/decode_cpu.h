@@ -10,7 +10,7 @@
 
 namespace attn_ops::cpu {
 
-constexpr int64_t kDecodeChunk = 64;     // keys per tile of decode_rows: scores [rows, kDecodeChunk] stay in L1
+constexpr int64_t kDecodeChunk = 64;     // keys per tile of decode_rows: scores [heads, rows, 64] stay in L1
 constexpr int64_t kMaxDecodeRows = 32;   // query rows per KV head (positions x group) the kernel takes
 // From this many query rows per KV head on, a key tile is worth two matrix products (decode_rows_gemm,
 // decode_gemm_kernel.h): each key feeds enough FLOPs that decode is compute-bound (MLA: 16+ heads per row).
@@ -42,9 +42,10 @@ struct DecodeRows {
   acc_t softcap = 0;
   // Scratch.
   int64_t tile = kDecodeChunk;            // keys per tile
-  acc_t* scores = nullptr;                // [rows, tile]
-  const scalar_t** key_rows = nullptr;    // [2 * tile]: this tile's rows, then the next tile's
-  const scalar_t** value_rows = nullptr;  // [2 * tile]
+  acc_t* scores = nullptr;                // [heads, rows, tile] (decode_rows_gemm: [rows, tile])
+  // [2, heads, tile]: this tile's rows and the next tile's (decode_rows_gemm: [tile], one head at a time)
+  const scalar_t** key_rows = nullptr;
+  const scalar_t** value_rows = nullptr;  // as key_rows
   acc_t* key_tile = nullptr;              // [tile, dim_qk]: decode_rows_gemm's converted keys
   acc_t* value_tile = nullptr;            // [tile, dim_v]: and values
   // decode_rows_gemm's Q^T [heads, dim_qk, rows rounded up to 16] (FMA kernels) or its scores^T [tile, rows
@@ -78,9 +79,6 @@ ATTN_OPS_DECLARE_DECODE_ROWS(decode_avx512)
 #endif
 #undef ATTN_OPS_DECLARE_DECODE_ROWS
 
-// Whether the decode kernel takes this problem: every sequence has few query rows per KV head.
-bool decode_kernel_applies(const AttentionProblem& p);
-
 // Forward of attention over a (paged) cache with the decode kernel; arguments as attention_forward_kernel.
 template <typename scalar_t, typename acc_t>
 void decode_forward_kernel(const AttentionProblem& p,
@@ -89,5 +87,16 @@ void decode_forward_kernel(const AttentionProblem& p,
                            const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
                            scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
                            acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
+
+// Forward of attention over a (paged) cache: the sequences with few query rows per KV head (at most
+// kMaxDecodeRows: decode) on the decode kernel, the others (prefill chunks) on the tiled kernel, so one
+// packed call of a mixed serving batch costs no more than a call per kind; arguments as above.
+template <typename scalar_t, typename acc_t>
+void kvcache_forward_kernel(const AttentionProblem& p,
+                            const scalar_t* q, const SeqLayout& q_layout,  // [b, Tq, Hq, Dqk]
+                            const scalar_t* k, const KeyLayout& k_layout,  // [b, Tk, Hkv, Dqk]
+                            const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
+                            scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
+                            acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
 
 }  // namespace attn_ops::cpu

@@ -38,6 +38,13 @@ constexpr int kRowBlock = kWide ? 8 : 4;
 constexpr int kKeyBlock = kWide ? 3 : 2;
 constexpr int kValueBlock = kWide ? 3 : 2;
 
+// Keys per score block for RB rows: RB x keys = 16 accumulators where AVX-512 sums them with one
+// transposing tree (sum_lanes_16), else kKeyBlock.
+template <int RB>
+constexpr int score_keys() {
+  return kWide && 16 % RB == 0 ? 16 / RB : kKeyBlock;
+}
+
 // W consecutive values as a vector of the accumulation type (bfloat16 / float16 widened in registers).
 inline Vec<float> load_acc(const float* x) { return Vec<float>::loadu(x); }
 inline Vec<double> load_acc(const double* x) { return Vec<double>::loadu(x); }
@@ -78,6 +85,53 @@ inline T sum_lanes(Vec<T> v) {
   return at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, v);
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// The lane sums of 16 vectors in one vector: lane 4 * (i % 4) + i / 4 holds the sum of v[i]. Four levels of
+// shuffle-and-add, each halving the vectors (15 steps), instead of a 4-step reduction per vector (64): with a
+// head dim of 128 the separate reductions cost as much as the dot products themselves.
+inline __m512 sum_lanes_16(const Vec<float> (&v)[16]) {
+  __m512 halves[8], quarters[4], pairs[2];
+  ATTN_OPS_UNROLL
+  for (int i = 0; i < 8; ++i) {  // 256-bit halves: v[2i], v[2i + 1]
+    const __m512 a = v[2 * i], b = v[2 * i + 1];
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  ATTN_OPS_UNROLL
+  for (int i = 0; i < 4; ++i) {  // 128-bit quarter m: v[4i + m]
+    const __m512 a = halves[2 * i], b = halves[2 * i + 1];
+    quarters[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+  }
+  ATTN_OPS_UNROLL
+  for (int i = 0; i < 2; ++i) {  // in quarter m, lanes 0-1: v[8i + m], lanes 2-3: v[8i + 4 + m]
+    const __m512 a = quarters[2 * i], b = quarters[2 * i + 1];
+    pairs[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  }
+  // in quarter m: v[m], v[4 + m], v[8 + m], v[12 + m]
+  return _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88), _mm512_shuffle_ps(pairs[0], pairs[1], 0xDD));
+}
+
+// s[r * lds + j] = the lane sum of acc[r][j] for RB x KB = 16 accumulators (sum_lanes_16).
+template <int RB, int KB>
+inline void store_lane_sums(const Vec<float> (&acc)[RB][KB], float* s, int64_t lds) {
+  static_assert(RB * KB == 16);
+  Vec<float> flat[16];  // the sum of (r, j) lands in lane r * KB + j
+  ATTN_OPS_UNROLL
+  for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
+    for (int j = 0; j < KB; ++j) {
+      const int lane = r * KB + j;
+      flat[4 * (lane % 4) + lane / 4] = acc[r][j];
+    }
+  }
+  const __m512 sums = sum_lanes_16(flat);
+  ATTN_OPS_UNROLL
+  for (int r = 0; r < RB; ++r) {  // lanes r * KB .. r * KB + KB - 1 to s + r * lds (masked lanes are not touched)
+    const __mmask16 row = static_cast<__mmask16>(((1u << KB) - 1) << (r * KB));
+    _mm512_mask_storeu_ps(s + r * (lds - KB), row, sums);
+  }
+}
+#endif
+
 // s[r * lds + j] = sum_d q[r * dim + d] * key_j[d] for RB rows and KB keys.
 template <int RB, int KB, typename scalar_t, typename acc_t>
 inline void score_block(const acc_t* q, int64_t dim, const scalar_t* const* keys, acc_t* s, int64_t lds) {
@@ -106,6 +160,13 @@ inline void score_block(const acc_t* q, int64_t dim, const scalar_t* const* keys
       }
     }
   }
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<acc_t, float> && RB * KB == 16) {
+    if (d == dim) {
+      return store_lane_sums<RB, KB>(acc, s, lds);
+    }
+  }
+#endif
   ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
     ATTN_OPS_UNROLL
@@ -200,56 +261,107 @@ void decode_tiles(const DecodeRows<scalar_t, acc_t>& a, const Scores& scores, co
 
 }  // namespace
 
+// Key tiles outside; inside each, the phases walk the tile's cache rows in address order (key by key, every
+// KV head of a key before the next key: with BSHD one contiguous run of heads * dim values per key), which
+// the hardware prefetchers follow within each page; a head-by-head walk touches a different page every
+// row. scores[heads, rows, n] = Q K^T for every head, then the online softmax of every row, then
+// out += P V. While one phase computes, the next one's rows are requested (the values during the scores,
+// the next tile's keys during the values).
 template <typename scalar_t, typename acc_t>
 void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
   constexpr int64_t W = Vec<acc_t>::size();
-  const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v;
-  const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
-    const acc_t* q = a.q + head * rows * Dqk;
-    const int64_t n_next = std::min(a.tile, a.k_end - k0 - n);
-    a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
-    // The next tile's rows, requested while this one computes.
-    for (int64_t j = n; j < n + n_next; ++j) {
-      prefetch_row(a.key_rows[j], Dqk);
-      prefetch_row(a.value_rows[j], Dv);
-    }
-    // scores[rows, n] = Q K^T (q carries the scale)
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-      with_block<kRowBlock>(rows - r0, [&](auto rb) {
-        for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
-          with_block<kKeyBlock>(n - j0, [&](auto kb) {
-            score_block<decltype(rb)::value, decltype(kb)::value>(
-                q + r0 * Dqk, Dqk, a.key_rows + j0, a.scores + r0 * a.tile + j0, a.tile);
-          });
-        }
-      });
+  constexpr int64_t kValueKeys = 8;  // keys per value block: its accumulators are loaded and stored once per block
+  const int64_t heads = a.heads, rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v, tile = a.tile;
+  const int64_t all_rows = heads * rows, d_vec = Dv / W * W, per_tile = heads * tile;
+  fill_row(a.row_max, all_rows, -std::numeric_limits<acc_t>::infinity());
+  fill_row(a.row_sum, all_rows, acc_t(0));
+  fill_row(a.out, all_rows * Dv, acc_t(0));
+  // The rows of tile k0 into buffer buf (0 or 1): key_rows[buf * per_tile + head * tile + j].
+  const auto locate_tile = [&](int64_t k0, int64_t buf) {
+    const int64_t n = std::min(tile, a.k_end - k0);
+    for (int64_t head = 0; head < heads; ++head) {
+      a.locate(a, a.kv_head + head, k0, n, a.key_rows + buf * per_tile + head * tile,
+               a.value_rows + buf * per_tile + head * tile);
     }
   };
-  const auto values = [&](int64_t head, int64_t n) {
-    acc_t* out = a.out + head * rows * Dv;
-    // out[rows, Dv] += P V: whole blocks of vectors, then the remaining columns one by one
-    const int64_t d_vec = Dv / W * W;
+  // Requests row j (of every head) of a tile's rows `of`.
+  const auto prefetch_rows = [&](const scalar_t* const* of, int64_t j, int64_t dim) {
+    for (int64_t head = 0; head < heads; ++head) {
+      prefetch_row(of[head * tile + j], dim);
+    }
+  };
+  if (a.k_begin < a.k_end) {
+    locate_tile(a.k_begin, 0);
+  }
+  int64_t buf = 0;
+  for (int64_t k0 = a.k_begin; k0 < a.k_end; k0 += tile, buf ^= 1) {
+    const int64_t n = std::min(tile, a.k_end - k0), n_next = std::min(tile, a.k_end - k0 - n);
+    const scalar_t* const* keys = a.key_rows + buf * per_tile;
+    const scalar_t* const* values = a.value_rows + buf * per_tile;
+    const scalar_t* const* next_keys = a.key_rows + (buf ^ 1) * per_tile;
+    if (n_next > 0) {
+      locate_tile(k0 + n, buf ^ 1);
+    }
+    // scores[head, r, j] = q[head, r] . key_j (q carries the scale)
     for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
       with_block<kRowBlock>(rows - r0, [&](auto rb) {
-        for (int64_t d0 = 0; d0 < d_vec; d0 += kValueBlock * W) {
-          with_block<kValueBlock>((d_vec - d0) / W, [&](auto nb) {
-            value_block<decltype(rb)::value, decltype(nb)::value>(a.scores + r0 * a.tile, a.tile,
-                                                                  a.value_rows, n, d0, out + r0 * Dv, Dv);
-          });
+        constexpr int RB = decltype(rb)::value, KB = score_keys<RB>();
+        for (int64_t j0 = 0; j0 < n; j0 += KB) {
+          if (r0 == 0) {
+            for (int64_t j = j0; j < std::min(j0 + KB, n); ++j) {
+              prefetch_rows(values, j, Dv);
+            }
+          }
+          for (int64_t head = 0; head < heads; ++head) {
+            with_block<KB>(n - j0, [&](auto kb) {
+              score_block<RB, decltype(kb)::value>(a.q + (head * rows + r0) * Dqk, Dqk, keys + head * tile + j0,
+                                                   a.scores + (head * rows + r0) * tile + j0, tile);
+            });
+          }
         }
       });
     }
-    for (int64_t d = d_vec; d < Dv; ++d) {
-      for (int64_t r = 0; r < rows; ++r) {
-        acc_t sum = out[r * Dv + d];
-        for (int64_t j = 0; j < n; ++j) {
-          sum += a.scores[r * a.tile + j] * static_cast<acc_t>(a.value_rows[j][d]);
+    for (int64_t hr = 0; hr < all_rows; ++hr) {
+      const int64_t r = hr % rows;
+      const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0), hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
+      online_softmax_step(a.scores + hr * tile, n, lo, hi, a.softcap, a.row_max[hr], a.row_sum[hr],
+                          a.out + hr * Dv, Dv);
+    }
+    // out[head, r] += sum_j scores[head, r, j] * value_j: whole blocks of vectors, then the remaining columns
+    for (int64_t j0 = 0; j0 < n; j0 += kValueKeys) {
+      const int64_t nk = std::min(kValueKeys, n - j0);
+      for (int64_t j = j0 * n_next / n; j < (j0 + nk) * n_next / n; ++j) {  // the next tile's keys, spread
+        prefetch_rows(next_keys, j, Dqk);
+      }
+      for (int64_t head = 0; head < heads; ++head) {
+        const acc_t* p = a.scores + head * rows * tile + j0;
+        const scalar_t* const* vrows = values + head * tile + j0;
+        acc_t* out = a.out + head * rows * Dv;
+        for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+          with_block<kRowBlock>(rows - r0, [&](auto rb) {
+            for (int64_t d0 = 0; d0 < d_vec; d0 += kValueBlock * W) {
+              with_block<kValueBlock>((d_vec - d0) / W, [&](auto nb) {
+                value_block<decltype(rb)::value, decltype(nb)::value>(p + r0 * tile, tile, vrows, nk, d0,
+                                                                      out + r0 * Dv, Dv);
+              });
+            }
+          });
         }
-        out[r * Dv + d] = sum;
+        for (int64_t d = d_vec; d < Dv; ++d) {
+          for (int64_t r = 0; r < rows; ++r) {
+            acc_t sum = out[r * Dv + d];
+            for (int64_t j = 0; j < nk; ++j) {
+              sum += p[r * tile + j] * static_cast<acc_t>(vrows[j][d]);
+            }
+            out[r * Dv + d] = sum;
+          }
+        }
       }
     }
-  };
-  decode_tiles(a, scores, values);
+  }
+  for (int64_t r = 0; r < all_rows; ++r) {
+    a.lse[r] = finish_row(a.out + r * Dv, Dv, a.row_max[r], a.row_sum[r]);
+  }
 }
 
 #define ATTN_OPS_INSTANTIATE_DECODE_ROWS(scalar_t)                                                             \
