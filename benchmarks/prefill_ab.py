@@ -16,7 +16,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-import attn_ops
+from machine import import_attn_ops
+
+attn_ops = import_attn_ops()
 
 
 def variant(spec, q, k, v, causal):
