@@ -12,7 +12,8 @@ file's cases in a subprocess for every capability this CPU has, so each path mee
 
 Cases per dtype: GQA groups 1 / 4 / all, head dims that are not a multiple of any vector width,
 paged caches, key splits (one long row), Tq > 1 with windows and soft-capping, rows with no
-visible key, the largest row count the kernel takes (32) and the first it leaves (33), MLA's
+visible key, the largest row count the kernel takes (32; 128 with one KV head, whose rows go to the
+GEMM path) and the first it leaves (33; 129), MLA's
 576 / 512 shared latent row, NaN propagation, the streaming kernel's key tiles (lengths around
 64, paged block sizes 1 / 7 / 16 / 64, groups 1-4) and mixed decode + prefill batches.
 """
@@ -59,7 +60,9 @@ CASES = {
     "tq3_window_softcap": (2, 3, 8, 2, 64, 64, [90, 5], None,
                            dict(causal=False, window_left=20, window_right=1, softcap=5.0)),
     "tq4_causal_rows32": (2, 4, 16, 2, 64, 64, [70, 3], 16, {}),
-    "tq3_rows33_tiled": (1, 3, 11, 1, 64, 64, [50], None, {}),
+    "tq3_rows33_tiled": (1, 3, 22, 2, 64, 64, [50], None, {}),
+    "mqa_tq2_rows128_gemm": (1, 2, 64, 1, 64, 64, [90], None, {}),
+    "mqa_tq3_rows129_tiled": (1, 3, 43, 1, 64, 64, [90], None, {}),
     "empty_rows": (3, 1, 4, 2, 64, 64, [0, 9, 0], None, {}),
     # Around the GEMM kernel's threshold of 8 rows per KV head.
     "rows7_stream": (2, 1, 7, 1, 64, 64, [130, 64], None, {}),
