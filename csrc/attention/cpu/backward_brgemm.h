@@ -31,13 +31,6 @@
 
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 
-// AMX exists only on CPUs with AVX-512: the other copies never take the brgemm path.
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr bool kBackwardBrgemmCopy = true;
-#else
-constexpr bool kBackwardBrgemmCopy = false;
-#endif
-
 // The bits of c10::BFloat16(x) (round to nearest even, NaN stays NaN), written so that loops vectorize.
 inline uint32_t bfloat16_bits(float x) {
   uint32_t u;

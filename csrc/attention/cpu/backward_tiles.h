@@ -101,7 +101,7 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
     delta[row] = sum - (dlse ? dlse[lse_layout.at(b, i, h)] : acc_t(0));
   });
 
-  constexpr bool brgemm_dtype = kBackwardBrgemmCopy && std::is_same_v<scalar_t, c10::BFloat16>;
+  constexpr bool brgemm_dtype = kBrgemmCopy && std::is_same_v<scalar_t, c10::BFloat16>;
   std::optional<BrgemmBackward> brgemm;
   if constexpr (brgemm_dtype) {
     if (p.total_q > 0 && BrgemmBackward::supports(p)) {

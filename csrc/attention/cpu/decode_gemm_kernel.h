@@ -155,15 +155,7 @@ inline void fma_values(const float* p, int64_t ldp, int64_t rows, const scalar_t
       }
     });
   }
-  for (int64_t d = d_vec; d < dim_v; ++d) {
-    for (int64_t r = 0; r < rows; ++r) {
-      float sum = out[r * dim_v + d];
-      for (int64_t j = 0; j < n; ++j) {
-        sum += p[r * ldp + j] * static_cast<float>(values[j][d]);
-      }
-      out[r * dim_v + d] = sum;
-    }
-  }
+  value_columns_tail(p, ldp, rows, values, n, d_vec, dim_v, out, dim_v);
 }
 
 // The FMA micro-kernel path (float32 accumulation): Q^T of every KV head arranged once per call in a.q_t;

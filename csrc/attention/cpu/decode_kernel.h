@@ -217,6 +217,22 @@ inline void value_block(const acc_t* p, int64_t ldp, const scalar_t* const* valu
   }
 }
 
+// The columns value_block's whole vectors leave: o[r * ldo + d] += sum_j p[r * ldp + j] * value_j[d] for
+// d in [d_begin, dim_v), r < rows, j < n, one value at a time.
+template <typename scalar_t, typename acc_t>
+inline void value_columns_tail(const acc_t* p, int64_t ldp, int64_t rows, const scalar_t* const* values, int64_t n,
+                               int64_t d_begin, int64_t dim_v, acc_t* o, int64_t ldo) {
+  for (int64_t d = d_begin; d < dim_v; ++d) {
+    for (int64_t r = 0; r < rows; ++r) {
+      acc_t sum = o[r * ldo + d];
+      for (int64_t j = 0; j < n; ++j) {
+        sum += p[r * ldp + j] * static_cast<acc_t>(values[j][d]);
+      }
+      o[r * ldo + d] = sum;
+    }
+  }
+}
+
 // Asks for the cache lines of one row of n values (a hint: no fault, no effect on the result). With the
 // cache's rows heads * dim apart (BSHD), one head's rows are kilobytes apart, a stride the hardware
 // prefetchers do not follow across pages; the kernel requests each row one key tile ahead. kLocality: 3 into
@@ -347,15 +363,7 @@ void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
             }
           });
         }
-        for (int64_t d = d_vec; d < Dv; ++d) {
-          for (int64_t r = 0; r < rows; ++r) {
-            acc_t sum = out[r * Dv + d];
-            for (int64_t j = 0; j < nk; ++j) {
-              sum += p[r * tile + j] * static_cast<acc_t>(vrows[j][d]);
-            }
-            out[r * Dv + d] = sum;
-          }
-        }
+        value_columns_tail(p, tile, rows, vrows, nk, d_vec, Dv, out, Dv);
       }
     }
   }

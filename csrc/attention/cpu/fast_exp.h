@@ -15,36 +15,34 @@
 namespace attn_ops::cpu {
 inline namespace CPU_CAPABILITY {
 
+// 2^r for |r| <= 1/2: a degree-5 polynomial, <= 2e-7 relative error (as accurate as at::vec's exp_u20).
+inline at::vec::Vectorized<float> exp2_fraction(const at::vec::Vectorized<float>& r) {
+  using V = at::vec::Vectorized<float>;
+  V p = at::vec::fmadd(V(1.3218677e-3f), r, V(9.6717076e-3f));
+  p = at::vec::fmadd(p, r, V(5.5508930e-2f));
+  p = at::vec::fmadd(p, r, V(2.4022238e-1f));
+  p = at::vec::fmadd(p, r, V(6.9314688e-1f));
+  return at::vec::fmadd(p, r, V(1.f));
+}
+
 // exp(x) for inputs that are not NaN (-inf gives 0): the online softmax's shifted scores, which are NaN-free
-// once the row's max is finite. 2^t with t = x log2(e) = n + r, n = round(t), |r| <= 1/2; 2^r by a
-// degree-5 polynomial (<= 2e-7 relative error, as accurate as at::vec's exp_u20), 2^n added to the
-// exponent. About half the instructions of exp_u20 plus the NaN fix-up that vec_exp (row_ops.h) needs.
+// once the row's max is finite. 2^t with t = x log2(e) = n + r, n = round(t), |r| <= 1/2; 2^r by
+// exp2_fraction, 2^n added to the exponent. About half the instructions of exp_u20 plus the NaN fix-up that
+// vec_exp (row_ops.h) needs.
 inline at::vec::Vectorized<float> exp_no_nan(const at::vec::Vectorized<float>& x) {
 #if defined(CPU_CAPABILITY_AVX512)
   // t >= -160 keeps -inf from becoming NaN (-inf - -inf); 2^-160 underflows to 0 in scalef.
   const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _mm512_set1_ps(-160.f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.3218677e-3f), r, _mm512_set1_ps(9.6717076e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5508930e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022238e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314688e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);  // p * 2^n, 0 on underflow
+  return _mm512_scalef_ps(exp2_fraction(_mm512_sub_ps(t, n)), n);  // 2^r * 2^n, 0 on underflow
 #elif defined(CPU_CAPABILITY_AVX2)
   // t in [-127, 88.8]: n = -127 puts a zero exponent field, i.e. 2^n = 0; exp(88.8) overflows to inf anyway.
   const __m256 t = _mm256_min_ps(
       _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(-127.f)),
       _mm256_set1_ps(128.f));
   const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 r = _mm256_sub_ps(t, n);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.3218677e-3f), r, _mm256_set1_ps(9.6717076e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.5508930e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.4022238e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(6.9314688e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
   const __m256i scale_bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale_bits));
+  return _mm256_mul_ps(exp2_fraction(_mm256_sub_ps(t, n)), _mm256_castsi256_ps(scale_bits));
 #else
   return x.exp();
 #endif

@@ -43,13 +43,6 @@ struct WorkItem {
   int64_t batch, kv_head, q_begin, q_end;
 };
 
-// AMX exists only on CPUs with AVX-512: the other copies never take the brgemm path.
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr bool kBrgemmCopy = true;
-#else
-constexpr bool kBrgemmCopy = false;
-#endif
-
 template <typename scalar_t, typename acc_t>
 struct ForwardScratch {
   std::vector<acc_t> q, scores, acc, row_max, row_sum, k, v;

@@ -20,6 +20,14 @@
 
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 
+// AMX exists only on CPUs with AVX-512: the other copies never take the brgemm paths
+// (the forward's, forward_tiles.h, and the backward's, backward_brgemm.h).
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr bool kBrgemmCopy = true;
+#else
+constexpr bool kBrgemmCopy = false;
+#endif
+
 constexpr int64_t kPackBlock = 64;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
