@@ -159,6 +159,15 @@ def assert_close_to_ref(ours, ref64, same_dtype, eps=None, name="tensor"):
     return err
 
 
+def assert_attention_close_to_ref(ours, inputs, **kw):
+    """ours = (out, lse) of attention on inputs = (q, k, v) against attention_ref in float64, with the
+    same-dtype reference's error as the bound (assert_close_to_ref); kw: attention_ref's options."""
+    r64 = attention_ref(*inputs, **kw)
+    same = attention_ref(*inputs, **kw, compute_dtype=inputs[0].dtype)
+    for name, o, r, s in zip(("out", "lse"), ours, r64, same):
+        assert_close_to_ref(o, r, s, name=name)
+
+
 # --------------------------------------------------------------------------------------------------
 # Input builders shared by the tests
 # --------------------------------------------------------------------------------------------------

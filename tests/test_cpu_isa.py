@@ -13,30 +13,14 @@ from torch.autograd import gradcheck
 
 import attn_ops
 from additive_reference import additive_attention_ref, additive_inputs
-from reference import assert_close_to_ref, attention_ref, dense_inputs, varlen_inputs
-
-ORDER = ["default", "avx2", "avx512"]
-
-
-def capabilities_of_this_cpu():
-    best = torch.backends.cpu.get_cpu_capability().lower()
-    return ORDER[:ORDER.index(best) + 1] if best in ORDER else ["default"]
+from cpu_isa_helpers import ISA_LEVELS, force_isa
+from reference import (assert_attention_close_to_ref, assert_close_to_ref, attention_ref, dense_inputs,
+                       varlen_inputs)
 
 
-@pytest.fixture(params=ORDER)
+@pytest.fixture(params=ISA_LEVELS)
 def isa(request, monkeypatch):
-    if request.param not in capabilities_of_this_cpu():
-        pytest.skip(f"this CPU lacks {request.param}")
-    monkeypatch.setenv("ATTN_OPS_CPU_ISA", request.param)
-    return request.param
-
-
-def compare(ours, inputs, **kw):
-    """ours = (out, lse) against the float64 reference, with the same-dtype reference's error as the bound."""
-    r64 = attention_ref(*inputs, **kw)
-    same = attention_ref(*inputs, **kw, compute_dtype=inputs[0].dtype)
-    for name, o, r, s in zip(("out", "lse"), ours, r64, same):
-        assert_close_to_ref(o, r, s, name=name)
+    return force_isa(monkeypatch, request.param)
 
 
 # (B, Tq, Tk, Hq, Hkv, D, kwargs): key lengths across the forward's 256-key tile and the backward's
@@ -59,7 +43,7 @@ FORWARD_CASES = {
 def test_forward(isa, case, dtype):
     B, Tq, Tk, Hq, Hkv, D, kw = FORWARD_CASES[case]
     q, k, v = dense_inputs(B, Tq, Tk, Hq, Hkv, D, D, dtype, "cpu")
-    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+    assert_attention_close_to_ref(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
 
 
 def test_forward_varlen_and_split_keys(isa):
@@ -68,12 +52,12 @@ def test_forward_varlen_and_split_keys(isa):
     lens_q, lens_k = [5, 0, 33], [300, 7, 40]
     q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, 4, 2, 64, 64, torch.float32, "cpu")
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
-    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+    assert_attention_close_to_ref(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
     q, k, v = dense_inputs(1, 1, 1500, 2, 1, 64, 64, torch.float32, "cpu")
-    compare(attn_ops.attention(q, k, v), (q, k, v))
+    assert_attention_close_to_ref(attn_ops.attention(q, k, v), (q, k, v))
     q, k, v, cu_q, cu_k = varlen_inputs([70, 0, 1], [300, 5, 129], 8, 2, 128, 128, torch.bfloat16, "cpu")
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
-    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+    assert_attention_close_to_ref(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import attn_ops
+from cpu_isa_helpers import ISA_LEVELS, isa_levels_of_this_cpu
 from kvcache_reference import attention_with_kvcache_ref, kvcache_inputs
 from mla_reference import mla_decode_ref, mla_inputs
 from reference import assert_close_to_ref
@@ -186,17 +187,11 @@ def test_single_thread_threshold_gives_same_result():
     assert torch.equal(out, out1) and torch.equal(lse, lse1)
 
 
-def capabilities_of_this_cpu():
-    order = ["default", "avx2", "avx512"]
-    best = torch.backends.cpu.get_cpu_capability().lower()
-    return order[:order.index(best) + 1] if best in order else ["default"]
-
-
-@pytest.mark.parametrize("isa", ["default", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ISA_LEVELS)
 def test_each_instruction_set(isa):
     """This file's cases again with PyTorch's CPU capability lowered to `isa` (a subprocess:
     the capability is read once per process)."""
-    if isa not in capabilities_of_this_cpu():
+    if isa not in isa_levels_of_this_cpu():
         pytest.skip(f"this CPU lacks {isa}")
     if os.environ.get("ATEN_CPU_CAPABILITY"):
         assert torch.backends.cpu.get_cpu_capability().lower() == os.environ["ATEN_CPU_CAPABILITY"]

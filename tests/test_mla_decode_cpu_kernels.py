@@ -15,23 +15,15 @@ a row of length 1 and an empty row."""
 import pytest
 import torch
 
+from cpu_isa_helpers import ISA_LEVELS, force_isa
 from test_mla_ops import ALL_DTYPES, dtype_id, run_case
 
-ISAS = ["default", "avx2", "avx512"]
 LENS = [1, 63, 64, 65, 129, 1000, 0]
 
 
-def capabilities_of_this_cpu():
-    best = torch.backends.cpu.get_cpu_capability().lower()
-    return ISAS[:ISAS.index(best) + 1] if best in ISAS else ["default"]
-
-
-@pytest.fixture(params=ISAS)
+@pytest.fixture(params=ISA_LEVELS)
 def isa(request, monkeypatch):
-    if request.param not in capabilities_of_this_cpu():
-        pytest.skip(f"this CPU lacks {request.param}")
-    monkeypatch.setenv("ATTN_OPS_CPU_ISA", request.param)
-    return request.param
+    return force_isa(monkeypatch, request.param)
 
 
 @pytest.mark.parametrize("layout", ["contig", "paged16"])

@@ -11,23 +11,15 @@ import pytest
 import torch
 
 import attn_ops
-from reference import assert_close_to_ref, attention_ref, dense_inputs, varlen_inputs
+from cpu_isa_helpers import force_isa
+from reference import assert_attention_close_to_ref, dense_inputs, varlen_inputs
 
-ORDER = ["default", "avx2", "avx512"]
 PATHS = ["default", "avx2", "avx512", "avx512_bf16"]
-
-
-def available(path):
-    best = torch.backends.cpu.get_cpu_capability().lower()
-    isa = "avx512" if path == "avx512_bf16" else path
-    return best in ORDER and ORDER.index(isa) <= ORDER.index(best)
 
 
 @pytest.fixture(params=PATHS)
 def path(request, monkeypatch):
-    if not available(request.param):
-        pytest.skip(f"this CPU lacks {request.param}")
-    monkeypatch.setenv("ATTN_OPS_CPU_ISA", "avx512" if request.param == "avx512_bf16" else request.param)
+    force_isa(monkeypatch, "avx512" if request.param == "avx512_bf16" else request.param)
     # avx512_bf16 uses the native rounding only where the CPU has it; plain avx512 never does.
     monkeypatch.setenv("ATTN_OPS_CPU_AVX512BF16", "1" if request.param == "avx512_bf16" else "0")
     return request.param
@@ -40,19 +32,12 @@ def dtype_id(d):
     return str(d).replace("torch.", "")
 
 
-def compare(ours, inputs, **kw):
-    r64 = attention_ref(*inputs, **kw)
-    same = attention_ref(*inputs, **kw, compute_dtype=inputs[0].dtype)
-    for name, o, r, s in zip(("out", "lse"), ours, r64, same):
-        assert_close_to_ref(o, r, s, name=name)
-
-
 # Lengths around the 64-key packing block and the 256-key tile; GQA groups 1, 4 and all (Hq = 8).
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("length, hkv", [(1, 8), (17, 2), (63, 1), (64, 8), (65, 2), (257, 1), (300, 2)])
 def test_causal_lengths_and_groups(path, dtype, length, hkv):
     q, k, v = dense_inputs(1, length, length, 8, hkv, 128, 128, dtype, "cpu")
-    compare(attn_ops.attention(q, k, v, causal=True), (q, k, v), causal=True)
+    assert_attention_close_to_ref(attn_ops.attention(q, k, v, causal=True), (q, k, v), causal=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -60,14 +45,14 @@ def test_causal_lengths_and_groups(path, dtype, length, hkv):
                                 dict(causal=True, scale=0.3)], ids=["full", "window", "softcap", "scale"])
 def test_options(path, dtype, kw):
     q, k, v = dense_inputs(2, 65, 257, 8, 2, 128, 128, dtype, "cpu")
-    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+    assert_attention_close_to_ref(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_varlen_with_empty_sequence(path, dtype):
     q, k, v, cu_q, cu_k = varlen_inputs([63, 0, 1, 130], [257, 5, 17, 130], 8, 2, 128, 128, dtype, "cpu")
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
-    compare(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+    assert_attention_close_to_ref(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
 
 
 def test_large_logits(path):
@@ -75,7 +60,7 @@ def test_large_logits(path):
     for dtype in DTYPES:
         q, k, v = dense_inputs(1, 70, 300, 4, 2, 128, 128, dtype, "cpu")
         q = q * 30
-        compare(attn_ops.attention(q, k, v, causal=True), (q, k, v), causal=True)
+        assert_attention_close_to_ref(attn_ops.attention(q, k, v, causal=True), (q, k, v), causal=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
