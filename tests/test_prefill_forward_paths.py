@@ -4,7 +4,11 @@ The forward's softmax takes a polynomial exp (exp_no_nan) once a row's max is fi
 rounds the bfloat16 probabilities with AVX512-BF16's instruction where the CPU has it (else in integer
 arithmetic). ATTN_OPS_CPU_ISA picks the copy and ATTN_OPS_CPU_AVX512BF16=0 turns the native rounding off,
 both read at every call, so each path runs here: portable, AVX2, AVX-512 with and without AVX512-BF16.
-Head dim 128 with bfloat16 / float16 takes brgemm (AMX) in the AVX-512 copy where the CPU has it.
+Head dim 128 with bfloat16 / float16 takes brgemm (AMX) in the AVX-512 copy where the CPU has it; float32
+takes the register-blocked panel micro-kernel (gemm_kernels.h) in the AVX-512 and AVX2 copies once a
+sequence has >= 64 query rows (positions x group heads) and Dv is a multiple of the panel width (32 / 16),
+else MKL's sgemm: the cases below cover both sides, row counts off the 14 / 6-row blocks and key counts off
+the 32 / 16-key panels.
 """
 
 import pytest
@@ -12,7 +16,8 @@ import torch
 
 import attn_ops
 from cpu_isa_helpers import force_isa
-from reference import assert_attention_close_to_ref, dense_inputs, varlen_inputs
+from kvcache_reference import attention_with_kvcache_ref, kvcache_inputs
+from reference import assert_attention_close_to_ref, assert_close_to_ref, dense_inputs, varlen_inputs
 
 PATHS = ["default", "avx2", "avx512", "avx512_bf16"]
 
@@ -77,3 +82,24 @@ def test_nan_and_inf_scores_give_nan_rows(path, dtype, value):
     rest = torch.ones(70, 4, dtype=torch.bool)
     rest[50, 1] = False
     assert torch.isfinite(out[0][rest]).all() and torch.isfinite(lse[0].T[rest]).all()
+
+
+# (Dqk, Dv): the specialized head dims; 80 is off the AVX-512 panel width (MKL there, panels on AVX2).
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (192, 128), (256, 256), (80, 80)], ids=str)
+def test_head_dims(path, dtype, dims):
+    q, k, v = dense_inputs(1, 65, 97, 8, 2, dims[0], dims[1], dtype, "cpu")
+    for kw in (dict(causal=True), dict()):
+        assert_attention_close_to_ref(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("block_size", [16, 48])
+def test_paged_cache_prefill(path, dtype, block_size):
+    """Chunked prefill over a paged cache: key panels and tiles that cross cache blocks are gathered."""
+    q, kc, vc, sl, bt = kvcache_inputs(3, 40, 8, 2, 128, 128, [40, 100, 300], dtype=dtype, block_size=block_size)
+    out, lse = attn_ops.attention_with_kvcache(q, kc, vc, sl, block_table=bt)
+    r_out, r_lse = attention_with_kvcache_ref(q, kc, vc, sl, block_table=bt)
+    s_out, s_lse = attention_with_kvcache_ref(q, kc, vc, sl, block_table=bt, compute_dtype=dtype)
+    assert_close_to_ref(out, r_out, s_out, name="out")
+    assert_close_to_ref(lse, r_lse, s_lse, name="lse")

@@ -12,6 +12,11 @@
 // rounded to the input dtype for P V), over K and V packed once per call (packed_kv.h); elsewhere the
 // tiles are converted to float32 for sgemm.
 //
+// float32 on the AVX-512 / AVX2 copies (kPanelGemm): both products run on gemm_kernels.h's register-blocked
+// micro-kernel over K^T and V packed once per call in panels (panel_kv.h) instead of MKL's sgemm, which
+// packs its operands again on every tile; elsewhere (and for a left window, whose key ranges do not start
+// on a tile boundary) sgemm.
+//
 // When there are fewer (sequence, KV head, query block) items than twice the threads (decode: one query
 // per sequence; long single sequences), each item's key range is cut into splits that run in parallel,
 // and their partial results are merged by their log-sum-exp (flash-decoding).
@@ -19,7 +24,9 @@
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/blas.h"
+#include "attention/cpu/gemm_kernels.h"
 #include "attention/cpu/packed_kv.h"
+#include "attention/cpu/panel_kv.h"
 #include "attention/cpu/parallel.h"
 #include "attention/cpu/prefill_kernels.h"
 #include "attention/cpu/row_ops.h"
@@ -38,6 +45,7 @@ namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 
 constexpr int64_t kTargetRows = 256;  // query rows (positions x group heads) per tile
 constexpr int64_t kKeyTile = 256;     // keys per tile
+constexpr int64_t kPanelMinRows = 64;  // query rows per sequence (positions x group heads) for the panel path
 
 struct WorkItem {
   int64_t batch, kv_head, q_begin, q_end;
@@ -124,6 +132,13 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
     }
   }
   const bool brgemm = packed.has_value();
+  // The float32 panel path, where each packed key is used by enough query rows to pay for its packing.
+  std::optional<PanelKV> panels;
+  if constexpr (kPanelGemm && std::is_same_v<scalar_t, float>) {
+    if (p.window_left < 0 && Dv % kPanelWidth == 0 && num_items > 0 && p.total_q * G >= kPanelMinRows * p.batch) {
+      panels.emplace(p, kKeyTile, k, k_layout, v, v_layout);
+    }
+  }
   const bool native_bf16 = std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512bf16();
 
   parallel_items(
@@ -164,7 +179,14 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
               }
             }
           }
-          if (!brgemm) {  // scores[rows, n] = scale * Q K^T
+          if constexpr (std::is_same_v<scalar_t, float>) {
+            if (panels) {  // scores[rows, n rounded up to whole panels] = scale * Q K^T
+              panel_gemm<false>(rows, (n + kPanelWidth - 1) / kPanelWidth, Dqk, s.q.data(), Dqk,
+                                panels->k_tile(b, g, k0), kPanelWidth, panels->k_panel_stride(), scores, kKeyTile,
+                                scale);
+            }
+          }
+          if (!brgemm && !panels) {  // scores[rows, n] = scale * Q K^T
             int64_t ldk = 0;
             const acc_t* kt = key_tile(k, k_layout, b, k0, n, g, Dqk, s.k.data(), &ldk);
             vt = key_tile(v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
@@ -205,7 +227,13 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
               }
             }
           }
-          if (!brgemm) {  // acc[rows, Dv] += P V
+          if constexpr (std::is_same_v<scalar_t, float>) {
+            if (panels) {  // acc[rows, Dv] += P V
+              panel_gemm<true>(rows, Dv / kPanelWidth, n, scores, kKeyTile, panels->v_tile(b, g, k0), kPanelWidth,
+                               panels->v_panel_stride(), s.acc.data(), Dv, 1.f);
+            }
+          }
+          if (!brgemm && !panels) {  // acc[rows, Dv] += P V
             gemm<acc_t>(false, false, rows, Dv, n, acc_t(1), scores, kKeyTile, vt, ldv, acc_t(1), s.acc.data(), Dv);
           }
         }
