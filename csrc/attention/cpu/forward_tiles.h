@@ -81,7 +81,12 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
                    const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout, scalar_t* out,
                    const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
-  const int64_t block_positions = std::max<int64_t>(1, kTargetRows / G);
+  // The float32 panel path (below) where each packed key serves enough query rows to pay for its packing;
+  // its query tiles hold whole kPanelRows-row blocks where the group allows (252 rows for groups 1, 2, 4).
+  const bool panel_path = kPanelGemm && std::is_same_v<scalar_t, float> && p.window_left < 0 &&
+                          Dv % kPanelWidth == 0 && p.total_q * G >= kPanelMinRows * p.batch;
+  const int64_t target_rows = panel_path ? kTargetRows / kPanelRows * kPanelRows : kTargetRows;
+  const int64_t block_positions = std::max<int64_t>(1, target_rows / G);
   const int64_t max_rows = block_positions * G;
 
   // Items of one (sequence, KV head) are consecutive, so the threads working on them share that head's
@@ -132,10 +137,9 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
     }
   }
   const bool brgemm = packed.has_value();
-  // The float32 panel path, where each packed key is used by enough query rows to pay for its packing.
   std::optional<PanelKV> panels;
-  if constexpr (kPanelGemm && std::is_same_v<scalar_t, float>) {
-    if (p.window_left < 0 && Dv % kPanelWidth == 0 && num_items > 0 && p.total_q * G >= kPanelMinRows * p.batch) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (panel_path && num_items > 0) {
       panels.emplace(p, kKeyTile, k, k_layout, v, v_layout);
     }
   }

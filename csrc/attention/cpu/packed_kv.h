@@ -9,6 +9,7 @@
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/blas.h"
+#include "attention/cpu/huge_buffer.h"
 #include "attention/cpu/row_ops.h"
 
 #include <ATen/Parallel.h>
@@ -74,9 +75,11 @@ class PackedKV {
  public:
   PackedKV(const AttentionProblem& p, int64_t tile, const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v,
            const KeyLayout& v_layout)
-      : tiles_(p, tile), dqk_(p.dim_qk), dv_(p.dim_v) {
-    k_.resize(tiles_.total() * dqk_ * tile);
-    v_.resize(tiles_.total() * tile * dv_);
+      : tiles_(p, tile),
+        dqk_(p.dim_qk),
+        dv_(p.dim_v),
+        k_(tiles_.total() * dqk_ * tile),
+        v_(tiles_.total() * tile * dv_) {
     tiles_.parallel_for_each([&](int64_t index, int64_t b, int64_t g, int64_t k0, int64_t n) {
       std::vector<scalar_t> rows(std::max(dqk_, dv_) * tile);  // one tile, unpacked
       const int64_t width = round_up(n, kPackBlock);
@@ -126,7 +129,7 @@ class PackedKV {
  private:
   KvTiles tiles_;
   int64_t dqk_, dv_;
-  std::vector<scalar_t> k_, v_;
+  HugeBuffer<scalar_t> k_, v_;  // every value of a tile that k_tile / v_tile's readers use is written
 };
 
 }  // namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS

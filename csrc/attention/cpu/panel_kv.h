@@ -9,6 +9,7 @@
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/gemm_kernels.h"
+#include "attention/cpu/huge_buffer.h"
 #include "attention/cpu/packed_kv.h"
 
 #include <ATen/cpu/vec/vec.h>
@@ -23,7 +24,11 @@ class PanelKV {
  public:
   PanelKV(const AttentionProblem& p, int64_t tile, const float* k, const KeyLayout& k_layout, const float* v,
           const KeyLayout& v_layout)
-      : tiles_(p, tile), dqk_(p.dim_qk), dv_(p.dim_v), k_(tiles_.total() * tile * dqk_), v_(tiles_.total() * tile * dv_) {
+      : tiles_(p, tile),
+        dqk_(p.dim_qk),
+        dv_(p.dim_v),
+        k_(tiles_.total() * tile * dqk_),
+        v_(tiles_.total() * tile * dv_) {
     constexpr int64_t W = kPanelWidth;
     tiles_.parallel_for_each([&](int64_t index, int64_t b, int64_t g, int64_t k0, int64_t n) {
       float* k_out = k_.data() + index * tile * dqk_;
@@ -75,7 +80,7 @@ class PanelKV {
  private:
   KvTiles tiles_;
   int64_t dqk_, dv_;
-  std::vector<float> k_, v_;
+  HugeBuffer<float> k_, v_;  // V rows past a tile's last key stay unwritten: P V never reads them
 };
 
 }  // namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS
