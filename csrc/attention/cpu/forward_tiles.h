@@ -165,6 +165,14 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
             convert_row(q_row, s.q.data() + r * Dqk, Dqk);
           }
         }
+        if (brgemm) {
+          packed->prepare(b, g, k_begin, k_end);
+        }
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (panels) {
+            panels->prepare(b, g, k_begin, k_end);
+          }
+        }
         fill_row(s.row_max.data(), rows, neg_inf);
         fill_row(s.row_sum.data(), rows, acc_t(0));
         fill_row(s.acc.data(), rows * Dv, acc_t(0));

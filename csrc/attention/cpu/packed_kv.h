@@ -3,7 +3,8 @@
 //   K^T [Dqk, width] in column blocks of kPackBlock keys, each packed as [Dqk, kPackBlock], and
 //   V [width, Dv] in column blocks of kPackBlock dims, each packed as [width, kPackBlock],
 // width = the tile's key count rounded up to kPackBlock (zero keys pad it): brgemm's packed operands are
-// kPackBlock columns wide. Packed once per call (one read of K and V) instead of once per query block;
+// kPackBlock columns wide. Each tile is packed once per call (one read of K and V), by the first work item
+// that needs it (KvTiles::prepare), instead of once per query block;
 // the same size as K and V. Needs Dqk even and Dv a multiple of kPackBlock.
 #pragma once
 
@@ -16,7 +17,10 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <thread>
 #include <vector>
 
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
@@ -35,7 +39,10 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // The key tiles of a whole problem, numbered sequence by sequence, then tile by tile, then KV head by KV
 // head: tile t of (sequence b, KV head g) holds keys [t * tile, min((t + 1) * tile, len_k[b])). The index of
-// the packed copies of K and V (PackedKV here, PanelKV in panel_kv.h).
+// the packed copies of K and V (PackedKV here, PanelKV in panel_kv.h), and who packs which tile: the
+// forward's work items pack the tiles they need themselves, inside its one parallel region (prepare), since
+// a parallel region of its own for the packing costs a fork and a join per call (milliseconds when a loaded
+// machine deschedules one thread) and leaves threads idle while the last tiles are packed.
 class KvTiles {
  public:
   KvTiles(const AttentionProblem& p, int64_t tile)
@@ -43,31 +50,42 @@ class KvTiles {
     for (int64_t b = 0; b < p.batch; ++b) {
       first_[b + 1] = first_[b] + p.heads_kv * ((p.len_k[b] + tile - 1) / tile);
     }
+    state_.reset(new std::atomic<int>[total()]);
+    for (int64_t i = 0; i < total(); ++i) {
+      state_[i].store(kUnpacked, std::memory_order_relaxed);
+    }
   }
   int64_t tile() const { return tile_; }
   int64_t total() const { return first_.back(); }
   // The tile of sequence b, KV head g that starts at key k0 (a multiple of the tile size).
   int64_t index(int64_t b, int64_t g, int64_t k0) const { return first_[b] + (k0 / tile_) * heads_kv_ + g; }
-  // fn(index, b, g, k0, n) for every tile (n keys from k0), the tiles spread over the threads.
-  template <typename Fn>
-  void parallel_for_each(const Fn& fn) const {
-    std::vector<int64_t> tile_batch(total());
-    for (int64_t b = 0; b + 1 < static_cast<int64_t>(first_.size()); ++b) {
-      std::fill(tile_batch.begin() + first_[b], tile_batch.begin() + first_[b + 1], b);
-    }
-    at::parallel_for(0, total(), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t index = begin; index < end; ++index) {
-        const int64_t b = tile_batch[index], local = index - first_[b];
-        const int64_t g = local % heads_kv_, k0 = (local / heads_kv_) * tile_;
-        fn(index, b, g, k0, std::min(tile_, len_k_[b] - k0));
+  // Makes the tiles of (b, g) that hold keys [k_begin, k_end) ready (k_begin a multiple of the tile size):
+  // packs, by pack(index, k0, n), each one that no thread has claimed yet, then waits for those that other
+  // threads are packing; threads that need the same tiles at once share the packing.
+  template <typename Pack>
+  void prepare(int64_t b, int64_t g, int64_t k_begin, int64_t k_end, const Pack& pack) const {
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += tile_) {
+      const int64_t i = index(b, g, k0);
+      int expected = kUnpacked;
+      if (state_[i].load(std::memory_order_acquire) == kUnpacked &&
+          state_[i].compare_exchange_strong(expected, kPacking, std::memory_order_acq_rel)) {
+        pack(i, k0, std::min(tile_, len_k_[b] - k0));
+        state_[i].store(kReady, std::memory_order_release);
       }
-    });
+    }
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += tile_) {
+      while (state_[index(b, g, k0)].load(std::memory_order_acquire) != kReady) {
+        std::this_thread::yield();
+      }
+    }
   }
 
  private:
+  static constexpr int kUnpacked = 0, kPacking = 1, kReady = 2;
   int64_t tile_, heads_kv_;
   std::vector<int64_t> len_k_;
-  std::vector<int64_t> first_;  // [batch + 1]: index of sequence b's first tile
+  std::vector<int64_t> first_;                 // [batch + 1]: index of sequence b's first tile
+  std::unique_ptr<std::atomic<int>[]> state_;  // [total()]: kUnpacked, kPacking or kReady
 };
 
 template <typename scalar_t>
@@ -78,42 +96,17 @@ class PackedKV {
       : tiles_(p, tile),
         dqk_(p.dim_qk),
         dv_(p.dim_v),
+        k_in_(k),
+        v_in_(v),
+        k_layout_(k_layout),
+        v_layout_(v_layout),
         k_(tiles_.total() * dqk_ * tile),
-        v_(tiles_.total() * tile * dv_) {
-    tiles_.parallel_for_each([&](int64_t index, int64_t b, int64_t g, int64_t k0, int64_t n) {
-      std::vector<scalar_t> rows(std::max(dqk_, dv_) * tile);  // one tile, unpacked
-      const int64_t width = round_up(n, kPackBlock);
-      // K^T [Dqk, width]: column j is key k0 + j, zero past n (rows starts zeroed).
-      if (k_layout.uniform(k0, n)) {  // equally spaced keys: 32 x 32 blocks (at::vec's AVX-512 transpose)
-        const scalar_t* first = k + k_layout.at(b, k0, g);
-        for (int64_t j = 0; j < n; j += 32) {
-          for (int64_t d = 0; d < dqk_; d += 32) {
-            at::vec::transpose_mxn<scalar_t>(first + j * k_layout.rows.seq_stride + d, k_layout.rows.seq_stride,
-                                             rows.data() + d * width + j, width, std::min<int64_t>(32, n - j),
-                                             std::min<int64_t>(32, dqk_ - d));
-          }
-        }
-      } else {  // the tile crosses blocks of a paged cache
-        for (int64_t j = 0; j < n; ++j) {
-          const scalar_t* key = k + k_layout.at(b, k0 + j, g);
-          for (int64_t d = 0; d < dqk_; ++d) {
-            rows[d * width + j] = key[d];
-          }
-        }
-      }
-      scalar_t* k_out = k_.data() + index * dqk_ * tile;
-      for (int64_t c = 0; c < width; c += kPackBlock) {
-        lowp_brgemm_pack(dqk_, kPackBlock, width, rows.data() + c, k_out + c * dqk_);
-      }
-      // V [width, Dv]: row j is key k0 + j, zero past n (rows starts zeroed).
-      for (int64_t j = 0; j < n; ++j) {
-        std::copy_n(v + v_layout.at(b, k0 + j, g), dv_, rows.data() + j * dv_);
-      }
-      scalar_t* v_out = v_.data() + index * tile * dv_;
-      for (int64_t c = 0; c < dv_; c += kPackBlock) {
-        lowp_brgemm_pack(width, kPackBlock, dv_, rows.data() + c, v_out + c * tile);
-      }
-    });
+        v_(tiles_.total() * tile * dv_) {}
+
+  // Packs the tiles of (b, g) over keys [k_begin, k_end) that no thread has packed yet (KvTiles::prepare):
+  // called by each work item before its products.
+  void prepare(int64_t b, int64_t g, int64_t k_begin, int64_t k_end) {
+    tiles_.prepare(b, g, k_begin, k_end, [&](int64_t index, int64_t k0, int64_t n) { pack(index, b, g, k0, n); });
   }
 
   // The packed tile of sequence b, KV head g that starts at key k0 (a multiple of the tile size): key
@@ -127,8 +120,47 @@ class PackedKV {
   }
 
  private:
+  // Packs tile `index` (keys k0 .. k0 + n - 1 of sequence b, KV head g).
+  void pack(int64_t index, int64_t b, int64_t g, int64_t k0, int64_t n) {
+    const int64_t tile = tiles_.tile();
+    std::vector<scalar_t> rows(std::max(dqk_, dv_) * tile);  // one tile, unpacked
+    const int64_t width = round_up(n, kPackBlock);
+    // K^T [Dqk, width]: column j is key k0 + j, zero past n (rows starts zeroed).
+    if (k_layout_.uniform(k0, n)) {  // equally spaced keys: 32 x 32 blocks (at::vec's AVX-512 transpose)
+      const scalar_t* first = k_in_ + k_layout_.at(b, k0, g);
+      for (int64_t j = 0; j < n; j += 32) {
+        for (int64_t d = 0; d < dqk_; d += 32) {
+          at::vec::transpose_mxn<scalar_t>(first + j * k_layout_.rows.seq_stride + d, k_layout_.rows.seq_stride,
+                                           rows.data() + d * width + j, width, std::min<int64_t>(32, n - j),
+                                           std::min<int64_t>(32, dqk_ - d));
+        }
+      }
+    } else {  // the tile crosses blocks of a paged cache
+      for (int64_t j = 0; j < n; ++j) {
+        const scalar_t* key = k_in_ + k_layout_.at(b, k0 + j, g);
+        for (int64_t d = 0; d < dqk_; ++d) {
+          rows[d * width + j] = key[d];
+        }
+      }
+    }
+    scalar_t* k_out = k_.data() + index * dqk_ * tile;
+    for (int64_t c = 0; c < width; c += kPackBlock) {
+      lowp_brgemm_pack(dqk_, kPackBlock, width, rows.data() + c, k_out + c * dqk_);
+    }
+    // V [width, Dv]: row j is key k0 + j, zero past n (rows starts zeroed).
+    for (int64_t j = 0; j < n; ++j) {
+      std::copy_n(v_in_ + v_layout_.at(b, k0 + j, g), dv_, rows.data() + j * dv_);
+    }
+    scalar_t* v_out = v_.data() + index * tile * dv_;
+    for (int64_t c = 0; c < dv_; c += kPackBlock) {
+      lowp_brgemm_pack(width, kPackBlock, dv_, rows.data() + c, v_out + c * tile);
+    }
+  }
+
   KvTiles tiles_;
   int64_t dqk_, dv_;
+  const scalar_t *k_in_, *v_in_;  // the inputs
+  KeyLayout k_layout_, v_layout_;
   HugeBuffer<scalar_t> k_, v_;  // every value of a tile that k_tile / v_tile's readers use is written
 };
 
