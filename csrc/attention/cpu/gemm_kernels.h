@@ -3,9 +3,9 @@
 //
 // Why not MKL: the forward's products are small (a [256, 128] x [128, 256] score tile, a [256, 256] x
 // [256, 128] P V tile) and sgemm packs its operands on every call. Here the right-hand operand comes
-// pre-arranged (K^T in panels of kPanelWidth keys, packed once per call and shared by every query tile and
-// every query head of the KV group; V rows as they are) and the left-hand one is read in place, one element
-// at a time, broadcast into the FMA. A kPanelRows x kPanelWidth block of C stays in registers for the whole
+// pre-arranged in panels of kPanelWidth columns (K^T and V, packed once per call and shared by every query
+// tile and every query head of the KV group: panel_kv.h) and the left-hand one is read in place, one
+// element at a time, broadcast into the FMA. A kPanelRows x kPanelWidth block of C stays in registers for the whole
 // reduction: 14 x 32 floats = 28 zmm on AVX-512 (6 x 16 = 12 ymm on AVX2), two loads of B and one broadcast
 // per two FMAs per row.
 #pragma once
