@@ -15,7 +15,8 @@ paged caches, key splits (one long row), Tq > 1 with windows and soft-capping, r
 visible key, the largest row count the kernel takes (32; 128 with one KV head, whose rows go to the
 GEMM path) and the first it leaves (33; 129), MLA's
 576 / 512 shared latent row, NaN propagation, the streaming kernel's key tiles (lengths around
-64, paged block sizes 1 / 7 / 16 / 64, groups 1-4) and mixed decode + prefill batches.
+64, paged block sizes 1 / 7 / 16 / 64, groups 1-4), the bfloat16 kernel's 32-column chunks (head dims with
+and without a partial last chunk) and mixed decode + prefill batches.
 """
 
 import os
@@ -133,6 +134,18 @@ def test_streaming_tiles_every_head(dtype, block_size, group):
     torch.manual_seed(group * 100 + (block_size or 0))
     lens = [0, 1, 63, 64, 65, 130]
     q, kc, vc, seqlens, bt = kvcache_inputs(len(lens), 1, 3 * group, 3, 64, 48, lens, dtype=dtype,
+                                            block_size=block_size)
+    check(q, kc, vc, seqlens, bt)
+
+
+@pytest.mark.parametrize("dk, dv", [(16, 16), (48, 80), (160, 256), (256, 24)])
+@pytest.mark.parametrize("block_size", [None, 7])
+def test_bfloat16_chunk_tails(dk, dv, block_size):
+    """bfloat16 on AVX-512 streams its rows in chunks of 32 (decode_bf16_kernel.h: even / odd widening, the
+    last partial chunk by a masked load): one partial chunk, pairs of chunks with and without a partial last
+    one, an odd chunk count; row blocks of 1 to 5 rows (group 5); lengths around the 64-key tile."""
+    torch.manual_seed(dk + dv)
+    q, kc, vc, seqlens, bt = kvcache_inputs(3, 1, 10, 2, dk, dv, [1, 64, 130], dtype=torch.bfloat16,
                                             block_size=block_size)
     check(q, kc, vc, seqlens, bt)
 

@@ -36,6 +36,7 @@ struct DecodeScratch {
   std::vector<int64_t> key_lo, key_hi;
   std::vector<const scalar_t*> key_rows, value_rows;
   std::vector<scalar_t> lowp;
+  std::vector<acc_t> stream;  // DecodeRows::stream_scratch (bfloat16 only)
   // gemm_tile: decode_rows_gemm's keys per tile, 0 where it does not run (it needs the converted tiles, Q^T
   // or scores^T, and for low-precision caches the AMX operands: decode_amx_kernel.h).
   DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile)
@@ -47,7 +48,9 @@ struct DecodeScratch {
         value_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         lowp(gemm_tile > 0 && !std::is_same_v<scalar_t, acc_t>
                  ? (heads + 1) * dqk * gemm_rows_padded(rows) + gemm_tile * (dqk + 2 * dv + rows)
-                 : 0) {}
+                 : 0),
+        stream(std::is_same_v<scalar_t, c10::BFloat16> ? heads * rows * (padded_to_chunks(dqk) + padded_to_chunks(dv))
+                                                       : 0) {}
 };
 
 template <typename scalar_t>
@@ -148,6 +151,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.lowp = s.lowp.empty() ? nullptr : s.lowp.data();
         a.key_rows = s.key_rows.data();
         a.value_rows = s.value_rows.data();
+        a.stream_scratch = s.stream.empty() ? nullptr : s.stream.data();
         a.row_max = s.row_max.data();
         a.row_sum = s.row_sum.data();
         a.out = s.out.data();

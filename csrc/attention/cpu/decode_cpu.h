@@ -21,6 +21,8 @@ constexpr int64_t kGemmDecodeTile = 128;  // keys per tile of decode_rows_gemm
 // MQA (one KV head, as MLA's latent row): decode_rows_gemm takes up to this many rows (DeepSeek-V3's 128 heads),
 // one read of the cache for all of them instead of the prefill kernel's tiles.
 constexpr int64_t kMaxGemmDecodeRows = 128;
+// A head dim rounded up to whole chunks of 32: the bfloat16 streaming kernel's rows (decode_bf16_kernel.h).
+inline int64_t padded_to_chunks(int64_t dim) { return (dim + 31) / 32 * 32; }
 // decode_rows_gemm's query rows rounded up to whole AVX-512 vectors / AMX tile rows (16).
 inline int64_t gemm_rows_padded(int64_t rows) { return (rows + 15) / 16 * 16; }
 
@@ -52,6 +54,9 @@ struct DecodeRows {
   // rounded up to 16] (AMX), and the AMX kernel's operands in the cache's dtype (nullptr: no AMX path).
   acc_t* q_t = nullptr;
   scalar_t* lowp = nullptr;
+  // The bfloat16 streaming kernel's (decode_bf16_kernel.h): its output accumulators [heads, rows,
+  // padded_to_chunks(dim_v)] and its rearranged q [heads, rows, padded_to_chunks(dim_qk)].
+  acc_t* stream_scratch = nullptr;
   acc_t* row_max = nullptr;               // [heads, rows]
   acc_t* row_sum = nullptr;               // [heads, rows]
   // Results.

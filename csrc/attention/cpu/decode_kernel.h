@@ -110,17 +110,22 @@ inline __m512 sum_lanes_16(const Vec<float> (&v)[16]) {
   return _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88), _mm512_shuffle_ps(pairs[0], pairs[1], 0xDD));
 }
 
-// s[r * lds + j] = the lane sum of acc[r][j] for RB x KB = 16 accumulators (sum_lanes_16).
-template <int RB, int KB>
-inline void store_lane_sums(const Vec<float> (&acc)[RB][KB], float* s, int64_t lds) {
-  static_assert(RB * KB == 16);
-  Vec<float> flat[16];  // the sum of (r, j) lands in lane r * KB + j
+// s[r * lds + j] = the lane sum of acc[r][j] for RB x KB <= 16 accumulators (sum_lanes_16); V: Vec<float> or
+// __m512.
+template <int RB, int KB, typename V>
+inline void store_lane_sums(const V (&acc)[RB][KB], float* s, int64_t lds) {
+  static_assert(RB * KB <= 16);
+  Vec<float> flat[16];  // the sum of (r, j) lands in lane r * KB + j; the lanes past RB * KB sum zeros
+  ATTN_OPS_UNROLL
+  for (int lane = RB * KB; lane < 16; ++lane) {
+    flat[4 * (lane % 4) + lane / 4] = Vec<float>(0.f);
+  }
   ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
     ATTN_OPS_UNROLL
     for (int j = 0; j < KB; ++j) {
       const int lane = r * KB + j;
-      flat[4 * (lane % 4) + lane / 4] = acc[r][j];
+      flat[4 * (lane % 4) + lane / 4] = Vec<float>(acc[r][j]);
     }
   }
   const __m512 sums = sum_lanes_16(flat);
@@ -130,6 +135,7 @@ inline void store_lane_sums(const Vec<float> (&acc)[RB][KB], float* s, int64_t l
     _mm512_mask_storeu_ps(s + r * (lds - KB), row, sums);
   }
 }
+
 #endif
 
 // s[r * lds + j] = sum_d q[r * dim + d] * key_j[d] for RB rows and KB keys.
@@ -275,23 +281,54 @@ void decode_tiles(const DecodeRows<scalar_t, acc_t>& a, const Scores& scores, co
   }
 }
 
-}  // namespace
+// decode_rows' blocks on at::vec (every dtype and instruction set): score_block and value_block on the
+// accumulation type, the output accumulated in a.out in the natural order.
+template <typename scalar_t, typename acc_t>
+struct VecBlocks {
+  static constexpr int kRowBlock = ::attn_ops::cpu::ATTN_OPS_DECODE_NS::kRowBlock;
+  const DecodeRows<scalar_t, acc_t>& a;
 
-// Key tiles outside; inside each, the phases walk the tile's cache rows in address order (key by key, every
+  template <int RB>
+  static constexpr int score_keys() {
+    return ::attn_ops::cpu::ATTN_OPS_DECODE_NS::score_keys<RB>();
+  }
+
+  // s[r * lds + j] = q[head, r0 + r] . keys[j] for RB rows, KB keys.
+  template <int RB, int KB>
+  void scores(int64_t head, int64_t r0, const scalar_t* const* keys, acc_t* s, int64_t lds) const {
+    score_block<RB, KB>(a.q + (head * a.rows + r0) * a.dim_qk, a.dim_qk, keys, s, lds);
+  }
+
+  // out[head, r0 + r] += sum_j p[r * ldp + j] * vrows[j] for RB rows, j < n.
+  template <int RB>
+  void values(int64_t head, int64_t r0, const acc_t* p, int64_t ldp, const scalar_t* const* vrows, int64_t n) const {
+    constexpr int64_t W = Vec<acc_t>::size();
+    const int64_t Dv = a.dim_v, d_vec = Dv / W * W;
+    acc_t* out = a.out + (head * a.rows + r0) * Dv;
+    for (int64_t d0 = 0; d0 < d_vec; d0 += kValueBlock * W) {
+      with_block<kValueBlock>((d_vec - d0) / W, [&](auto nb) {
+        value_block<RB, decltype(nb)::value>(p, ldp, vrows, n, d0, out, Dv);
+      });
+    }
+    value_columns_tail(p, ldp, RB, vrows, n, d_vec, Dv, out, Dv);
+  }
+};
+
+// Key tiles outside; inside each, the scores walk the tile's cache rows in address order (key by key, every
 // KV head of a key before the next key: with BSHD one contiguous run of heads * dim values per key), which
 // the hardware prefetchers follow within each page; a head-by-head walk touches a different page every
-// row. scores[heads, rows, n] = Q K^T for every head, then the online softmax of every row, then
-// out += P V. While one phase computes, the next one's rows are requested (the values during the scores,
-// the next tile's keys during the values).
-template <typename scalar_t, typename acc_t>
-void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
-  constexpr int64_t W = Vec<acc_t>::size();
-  constexpr int64_t kValueKeys = 8;  // keys per value block: its accumulators are loaded and stored once per block
+// row. scores[heads, rows, n] = Q K^T for every head (blocks.scores), then the online softmax of every row,
+// then acc += P V head by head (blocks.values; acc [heads, rows, ld_acc], the blocks' output accumulators).
+// While one phase computes, the next one's rows are requested in address order (the values during the scores,
+// the next tile's keys during the values). Ends with acc normalized and a.lse set.
+template <typename scalar_t, typename acc_t, typename Blocks>
+void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, acc_t* acc, int64_t ld_acc) {
+  constexpr int kRows = Blocks::kRowBlock;
   const int64_t heads = a.heads, rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v, tile = a.tile;
-  const int64_t all_rows = heads * rows, d_vec = Dv / W * W, per_tile = heads * tile;
+  const int64_t all_rows = heads * rows, per_tile = heads * tile;
   fill_row(a.row_max, all_rows, -std::numeric_limits<acc_t>::infinity());
   fill_row(a.row_sum, all_rows, acc_t(0));
-  fill_row(a.out, all_rows * Dv, acc_t(0));
+  fill_row(acc, all_rows * ld_acc, acc_t(0));
   // The rows of tile k0 into buffer buf (0 or 1): key_rows[buf * per_tile + head * tile + j].
   const auto locate_tile = [&](int64_t k0, int64_t buf) {
     const int64_t n = std::min(tile, a.k_end - k0);
@@ -318,10 +355,10 @@ void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
     if (n_next > 0) {
       locate_tile(k0 + n, buf ^ 1);
     }
-    // scores[head, r, j] = q[head, r] . key_j (q carries the scale)
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-      with_block<kRowBlock>(rows - r0, [&](auto rb) {
-        constexpr int RB = decltype(rb)::value, KB = score_keys<RB>();
+    // scores[head, r, j] = q[head, r] . key_j (times the softmax scale)
+    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+      with_block<kRows>(rows - r0, [&](auto rb) {
+        constexpr int RB = decltype(rb)::value, KB = Blocks::template score_keys<RB>();
         for (int64_t j0 = 0; j0 < n; j0 += KB) {
           if (r0 == 0) {
             for (int64_t j = j0; j < std::min(j0 + KB, n); ++j) {
@@ -330,8 +367,8 @@ void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
           }
           for (int64_t head = 0; head < heads; ++head) {
             with_block<KB>(n - j0, [&](auto kb) {
-              score_block<RB, decltype(kb)::value>(a.q + (head * rows + r0) * Dqk, Dqk, keys + head * tile + j0,
-                                                   a.scores + (head * rows + r0) * tile + j0, tile);
+              blocks.template scores<RB, decltype(kb)::value>(head, r0, keys + head * tile + j0,
+                                                              a.scores + (head * rows + r0) * tile + j0, tile);
             });
           }
         }
@@ -341,35 +378,44 @@ void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
       const int64_t r = hr % rows;
       const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0), hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
       online_softmax_step(a.scores + hr * tile, n, lo, hi, a.softcap, a.row_max[hr], a.row_sum[hr],
-                          a.out + hr * Dv, Dv);
+                          acc + hr * ld_acc, ld_acc);
     }
-    // out[head, r] += sum_j scores[head, r, j] * value_j: whole blocks of vectors, then the remaining columns
-    for (int64_t j0 = 0; j0 < n; j0 += kValueKeys) {
-      const int64_t nk = std::min(kValueKeys, n - j0);
-      for (int64_t j = j0 * n_next / n; j < (j0 + nk) * n_next / n; ++j) {  // the next tile's keys, spread
+    // acc[head, r] += sum_j scores[head, r, j] * value_j, a head's whole tile at once (its accumulators are
+    // loaded and stored once per tile: per 8 keys they cost 4-13% more), while a slice of the next tile's keys
+    // is requested, in address order
+    for (int64_t head = 0; head < heads; ++head) {
+      for (int64_t j = head * n_next / heads; j < (head + 1) * n_next / heads; ++j) {
         prefetch_rows(next_keys, j, Dqk);
       }
-      for (int64_t head = 0; head < heads; ++head) {
-        const acc_t* p = a.scores + head * rows * tile + j0;
-        const scalar_t* const* vrows = values + head * tile + j0;
-        acc_t* out = a.out + head * rows * Dv;
-        for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-          with_block<kRowBlock>(rows - r0, [&](auto rb) {
-            for (int64_t d0 = 0; d0 < d_vec; d0 += kValueBlock * W) {
-              with_block<kValueBlock>((d_vec - d0) / W, [&](auto nb) {
-                value_block<decltype(rb)::value, decltype(nb)::value>(p + r0 * tile, tile, vrows, nk, d0,
-                                                                      out + r0 * Dv, Dv);
-              });
-            }
-          });
-        }
-        value_columns_tail(p, tile, rows, vrows, nk, d_vec, Dv, out, Dv);
+      for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+        with_block<kRows>(rows - r0, [&](auto rb) {
+          blocks.template values<decltype(rb)::value>(head, r0, a.scores + (head * rows + r0) * tile, tile,
+                                                      values + head * tile, n);
+        });
       }
     }
   }
   for (int64_t r = 0; r < all_rows; ++r) {
-    a.lse[r] = finish_row(a.out + r * Dv, Dv, a.row_max[r], a.row_sum[r]);
+    a.lse[r] = finish_row(acc + r * ld_acc, ld_acc, a.row_max[r], a.row_sum[r]);
   }
+}
+
+}  // namespace
+}  // namespace attn_ops::cpu::ATTN_OPS_DECODE_NS
+
+#include "attention/cpu/decode_bf16_kernel.h"
+
+namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
+
+// The streaming row kernel: stream_tiles with the bfloat16 blocks where they exist (AVX-512), else at::vec's.
+template <typename scalar_t, typename acc_t>
+void decode_rows(const DecodeRows<scalar_t, acc_t>& a) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    return decode_rows_bf16(a);
+  }
+#endif
+  stream_tiles(a, VecBlocks<scalar_t, acc_t>{a}, a.out, a.dim_v);
 }
 
 #define ATTN_OPS_INSTANTIATE_DECODE_ROWS(scalar_t)                                                             \

@@ -1,0 +1,217 @@
+// The AVX-512 blocks of decode_rows (decode_kernel.h) for a bfloat16 cache. bfloat16 is the upper half of a
+// float32, so one 512-bit load of 32 values widens into the float32 vectors of its even and odd elements with
+// one shift and one mask (even: x << 16, odd: x & 0xffff0000), no shuffles: at::vec's widening
+// (vpmovzxwd + shift per 16 values) took the shuffle port that the FMAs share and made bf16 decode
+// instruction-bound. The kernel keeps every 32 columns in that order, [16 even | 16 odd]:
+//   - Q K^T: float32 FMAs on the widened keys against a copy of q (scaled) rearranged into that order. Not
+//     AVX512-BF16's vdpbf16ps: on this Sapphire Rapids class machine it issues one per 2 cycles (0.54 ns against
+//     0.14 ns for vfmadd231ps, 24 independent chains each), so its 32 products per instruction cost twice the
+//     FMAs' 16, and the whole kernel ran 9% slower with it (L1-resident cache, one thread).
+//   - P V: float32 FMAs of the weights (float32, as the other dtypes) into accumulators whose columns stay in
+//     that order; rearranged into the natural order once, at the end (bf16_unpermute_row).
+// Any head dim: the last partial 32 columns are read with a masked load (zeros past the row's end).
+//
+// Included by decode_kernel.h (whose stream_tiles loop and helpers it uses), in the same namespace; AVX-512
+// copies only.
+#pragma once
+
+#if defined(CPU_CAPABILITY_AVX512)
+
+namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
+namespace {
+
+// Columns per chunk: one 512-bit vector of bfloat16.
+constexpr int64_t kBf16Chunk = 32;
+
+// The first `count` bits set (count <= 32): the elements of a partial chunk.
+inline __mmask32 chunk_mask(int64_t count) {
+  return count >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((uint32_t(1) << count) - 1);
+}
+
+// One chunk of bfloat16 as raw 16-bit lanes; kMasked: only the lanes of `mask` are read, the others are 0.
+template <bool kMasked>
+inline __m512i load_chunk(const c10::BFloat16* x, __mmask32 mask) {
+  if constexpr (kMasked) {
+    return _mm512_maskz_loadu_epi16(mask, x);
+  } else {
+    return _mm512_loadu_si512(x);
+  }
+}
+
+// The even and odd elements of a chunk as float32 vectors.
+struct EvenOdd {
+  __m512 even, odd;
+};
+inline EvenOdd widen_even_odd(__m512i raw) {
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(raw, 16)),
+          _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
+}
+
+// s[r * lds + j] = q_r . key_j for RB rows and KB keys (RB * KB <= 16: one store_lane_sums tree); q [RB, ldq]
+// float32 in even / odd chunk order, zero past dim (bf16_permute_row).
+template <int RB, int KB>
+inline void bf16_score_block(const float* q, int64_t ldq, int64_t dim, const c10::BFloat16* const* keys, float* s,
+                             int64_t lds) {
+  __m512 acc[RB][KB];
+  ATTN_OPS_UNROLL
+  for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
+    for (int j = 0; j < KB; ++j) {
+      acc[r][j] = _mm512_setzero_ps();
+    }
+  }
+  const auto chunk = [&](int64_t d, auto masked, __mmask32 mask) {
+    __m512 q_even[RB], q_odd[RB];
+    ATTN_OPS_UNROLL
+    for (int r = 0; r < RB; ++r) {
+      q_even[r] = _mm512_loadu_ps(q + r * ldq + d);
+      q_odd[r] = _mm512_loadu_ps(q + r * ldq + d + 16);
+    }
+    ATTN_OPS_UNROLL
+    for (int j = 0; j < KB; ++j) {
+      const EvenOdd kv = widen_even_odd(load_chunk<decltype(masked)::value>(keys[j] + d, mask));
+      ATTN_OPS_UNROLL
+      for (int r = 0; r < RB; ++r) {
+        acc[r][j] = _mm512_fmadd_ps(q_even[r], kv.even, acc[r][j]);
+        acc[r][j] = _mm512_fmadd_ps(q_odd[r], kv.odd, acc[r][j]);
+      }
+    }
+  };
+  int64_t d = 0;
+  for (; d + kBf16Chunk <= dim; d += kBf16Chunk) {
+    chunk(d, std::false_type{}, __mmask32(0));
+  }
+  if (d < dim) {
+    chunk(d, std::true_type{}, chunk_mask(dim - d));
+  }
+  store_lane_sums<RB, KB>(acc, s, lds);
+}
+
+// o[r * ldo + chunk c] += sum_j p[r * ldp + j] * value_j[chunk c] for RB rows, NC chunks from column d0 (a
+// multiple of 32), j < n; o in even / odd chunk order. kMaskedLast: the last chunk is partial (its `mask`).
+template <int RB, int NC, bool kMaskedLast>
+inline void bf16_value_block(const float* p, int64_t ldp, const c10::BFloat16* const* values, int64_t n, int64_t d0,
+                             __mmask32 mask, float* o, int64_t ldo) {
+  __m512 acc[RB][2 * NC];
+  ATTN_OPS_UNROLL
+  for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
+    for (int i = 0; i < 2 * NC; ++i) {
+      acc[r][i] = _mm512_loadu_ps(o + r * ldo + d0 + 16 * i);
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    EvenOdd v[NC];
+    ATTN_OPS_UNROLL
+    for (int c = 0; c < NC; ++c) {
+      const c10::BFloat16* src = values[j] + d0 + c * kBf16Chunk;
+      v[c] = widen_even_odd(kMaskedLast && c == NC - 1 ? load_chunk<true>(src, mask) : load_chunk<false>(src, mask));
+    }
+    ATTN_OPS_UNROLL
+    for (int r = 0; r < RB; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
+      ATTN_OPS_UNROLL
+      for (int c = 0; c < NC; ++c) {
+        acc[r][2 * c] = _mm512_fmadd_ps(pr, v[c].even, acc[r][2 * c]);
+        acc[r][2 * c + 1] = _mm512_fmadd_ps(pr, v[c].odd, acc[r][2 * c + 1]);
+      }
+    }
+  }
+  ATTN_OPS_UNROLL
+  for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
+    for (int i = 0; i < 2 * NC; ++i) {
+      _mm512_storeu_ps(o + r * ldo + d0 + 16 * i, acc[r][i]);
+    }
+  }
+}
+
+// dst[0, dim) = src (float32, dim rounded up to chunks, even / odd chunk order) in the natural order.
+inline void bf16_unpermute_row(const float* src, float* dst, int64_t dim) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int64_t d = 0; d < dim; d += kBf16Chunk) {
+    const __m512 even = _mm512_loadu_ps(src + d), odd = _mm512_loadu_ps(src + d + 16);
+    const int64_t rest = dim - d;
+    _mm512_mask_storeu_ps(dst + d, static_cast<__mmask16>(chunk_mask(std::min<int64_t>(rest, 16))),
+                          _mm512_permutex2var_ps(even, lo, odd));
+    if (rest > 16) {
+      _mm512_mask_storeu_ps(dst + d + 16, static_cast<__mmask16>(chunk_mask(rest - 16)),
+                            _mm512_permutex2var_ps(even, hi, odd));
+    }
+  }
+}
+
+// dst[0, padded) = src[0, dim) (float32, natural order) in even / odd chunk order, zero past dim.
+inline void bf16_permute_row(const float* src, float* dst, int64_t dim) {
+  for (int64_t d = 0; d < padded_to_chunks(dim); ++d) {
+    const int64_t c = d / kBf16Chunk * kBf16Chunk, i = d % kBf16Chunk;
+    const int64_t from = c + (i < 16 ? 2 * i : 2 * (i - 16) + 1);
+    dst[d] = from < dim ? src[from] : 0.f;
+  }
+}
+
+// decode_rows' blocks for a bfloat16 cache (see the top of this file). acc: the output accumulators [heads,
+// rows, padded dim_v] in even / odd chunk order; q_perm: q [heads, rows, padded dim_qk] in that order.
+struct Bf16Blocks {
+  static constexpr int kRowBlock = 4;  // 4 rows x 2 chunks x (even, odd) = 16 P V accumulators
+  const DecodeRows<c10::BFloat16, float>& a;
+  float* acc;
+  int64_t ld_acc;
+  const float* q_perm;
+
+  template <int RB>
+  static constexpr int score_keys() {
+    return 16 / RB;
+  }
+
+  template <int RB, int KB>
+  void scores(int64_t head, int64_t r0, const c10::BFloat16* const* keys, float* s, int64_t lds) const {
+    const int64_t ldq = padded_to_chunks(a.dim_qk);
+    bf16_score_block<RB, KB>(q_perm + (head * a.rows + r0) * ldq, ldq, a.dim_qk, keys, s, lds);
+  }
+
+  template <int RB>
+  void values(int64_t head, int64_t r0, const float* p, int64_t ldp, const c10::BFloat16* const* vrows,
+              int64_t n) const {
+    const int64_t Dv = a.dim_v, chunks = padded_to_chunks(Dv) / kBf16Chunk;
+    float* o = acc + (head * a.rows + r0) * ld_acc;
+    const __mmask32 last = chunk_mask(Dv - (chunks - 1) * kBf16Chunk);
+    const bool partial = Dv % kBf16Chunk != 0;
+    for (int64_t c = 0; c < chunks; c += 2) {
+      const int64_t d0 = c * kBf16Chunk;
+      const bool masked = partial && c + 2 >= chunks;
+      const auto run = [&](auto nc, auto m) {
+        bf16_value_block<RB, decltype(nc)::value, decltype(m)::value>(p, ldp, vrows, n, d0, last, o, ld_acc);
+      };
+      if (c + 1 < chunks) {
+        masked ? run(std::integral_constant<int, 2>{}, std::true_type{})
+               : run(std::integral_constant<int, 2>{}, std::false_type{});
+      } else {
+        masked ? run(std::integral_constant<int, 1>{}, std::true_type{})
+               : run(std::integral_constant<int, 1>{}, std::false_type{});
+      }
+    }
+  }
+};
+
+}  // namespace
+
+// decode_rows for a bfloat16 cache: stream_tiles with Bf16Blocks.
+inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
+  const int64_t all_rows = a.heads * a.rows, Dqk = a.dim_qk, Dv = a.dim_v;
+  const int64_t ld_q = padded_to_chunks(Dqk), ld_acc = padded_to_chunks(Dv);
+  float* acc = a.stream_scratch;            // [heads, rows, ld_acc]
+  float* q_perm = acc + all_rows * ld_acc;  // [heads, rows, ld_q]
+  for (int64_t r = 0; r < all_rows; ++r) {
+    bf16_permute_row(a.q + r * Dqk, q_perm + r * ld_q, Dqk);
+  }
+  stream_tiles(a, Bf16Blocks{a, acc, ld_acc, q_perm}, acc, ld_acc);
+  for (int64_t r = 0; r < all_rows; ++r) {
+    bf16_unpermute_row(acc + r * ld_acc, a.out + r * Dv, Dv);
+  }
+}
+
+}  // namespace attn_ops::cpu::ATTN_OPS_DECODE_NS
+
+#endif  // CPU_CAPABILITY_AVX512
