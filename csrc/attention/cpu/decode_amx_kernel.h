@@ -50,13 +50,96 @@ inline void unroll(const F& f) {
   (std::make_integer_sequence<int, N>{});
 }
 
-// Up to 4 accumulator tiles (0-3) at a time; A in tile 4; B alternating in tiles 5 and 6 so a load overlaps
-// the previous product.
-constexpr int kAmxAcc = 4;
-constexpr int kTileA = 4;
-template <int I>
-constexpr int tile_b() {
-  return 5 + I % 2;
+// One operand tile in memory: 16 rows of 64 bytes, `ld` bytes apart.
+struct TileAt {
+  const void* p;
+  int64_t ld;
+};
+
+// C(m, n) (+)= sum over s < steps of A(m, s) B(n, s) for an MB x NB block of output tiles from (m0, n0);
+// a(m, s) / b(n, s) / c(m, n) locate the tiles (TileAt), accumulate: C starts from memory, else from zero.
+// Tile registers: C(m, n) in m * NB + n (at most 4); 1 x NB: A in 4, B alternating in 5 and 6 (a load
+// overlaps the previous product); MB x 1: B in 6, A alternating in 4 and 5; 2 x 2: A in 4, 5, B in 6, 7
+// (each operand load feeds two products).
+template <int MB, int NB, typename FA, typename FB, typename FC>
+inline void tile_block(int64_t m0, int64_t n0, int64_t steps, const FA& a, const FB& b, const FC& c,
+                       bool accumulate) {
+  static_assert(MB * NB <= 4 && (MB == 1 || NB == 1 || (MB == 2 && NB == 2)));
+  unroll<MB * NB>([&](auto i) {
+    constexpr int I = decltype(i)::value;
+    if (accumulate) {
+      const TileAt t = c(m0 + I / NB, n0 + I % NB);
+      tile_load<I>(t.p, t.ld);
+    } else {
+      tile_zero<I>();
+    }
+  });
+  for (int64_t s = 0; s < steps; ++s) {
+    if constexpr (MB == 1) {
+      const TileAt ta = a(m0, s);
+      tile_load<4>(ta.p, ta.ld);
+      unroll<NB>([&](auto i) {
+        constexpr int N = decltype(i)::value;
+        const TileAt tb = b(n0 + N, s);
+        tile_load<5 + N % 2>(tb.p, tb.ld);
+        tile_dot_bf16<N, 4, 5 + N % 2>();
+      });
+    } else if constexpr (NB == 1) {
+      const TileAt tb = b(n0, s);
+      tile_load<6>(tb.p, tb.ld);
+      unroll<MB>([&](auto i) {
+        constexpr int M = decltype(i)::value;
+        const TileAt ta = a(m0 + M, s);
+        tile_load<4 + M % 2>(ta.p, ta.ld);
+        tile_dot_bf16<M, 4 + M % 2, 6>();
+      });
+    } else {
+      const TileAt a0 = a(m0, s), a1 = a(m0 + 1, s), b0 = b(n0, s), b1 = b(n0 + 1, s);
+      tile_load<4>(a0.p, a0.ld);
+      tile_load<6>(b0.p, b0.ld);
+      tile_dot_bf16<0, 4, 6>();
+      tile_load<7>(b1.p, b1.ld);
+      tile_dot_bf16<1, 4, 7>();
+      tile_load<5>(a1.p, a1.ld);
+      tile_dot_bf16<2, 5, 6>();
+      tile_dot_bf16<3, 5, 7>();
+    }
+  }
+  unroll<MB * NB>([&](auto i) {
+    constexpr int I = decltype(i)::value;
+    const TileAt t = c(m0 + I / NB, n0 + I % NB);
+    tile_store<I>(const_cast<void*>(t.p), t.ld);
+  });
+}
+
+// tile_block over all m_tiles x n_tiles output tiles: 4 x 1 or 1 x 4 blocks when one side is a single tile
+// (MLA's 16 heads), else 2 x 2.
+template <typename FA, typename FB, typename FC>
+inline void tile_grid(int64_t m_tiles, int64_t n_tiles, int64_t steps, const FA& a, const FB& b, const FC& c,
+                      bool accumulate) {
+  if (n_tiles == 1) {
+    for (int64_t m0 = 0; m0 < m_tiles; m0 += 4) {
+      with_block<4>(m_tiles - m0, [&](auto mb) {
+        tile_block<decltype(mb)::value, 1>(m0, 0, steps, a, b, c, accumulate);
+      });
+    }
+  } else if (m_tiles == 1) {
+    for (int64_t n0 = 0; n0 < n_tiles; n0 += 4) {
+      with_block<4>(n_tiles - n0, [&](auto nb) {
+        tile_block<1, decltype(nb)::value>(0, n0, steps, a, b, c, accumulate);
+      });
+    }
+  } else {
+    for (int64_t m0 = 0; m0 < m_tiles; m0 += 2) {
+      for (int64_t n0 = 0; n0 < n_tiles; n0 += 2) {
+        with_block<2>(m_tiles - m0, [&](auto mb) {
+          with_block<2>(n_tiles - n0, [&](auto nb) {
+            tile_block<decltype(mb)::value, decltype(nb)::value>(m0, n0, steps, a, b, c, accumulate);
+          });
+        });
+      }
+    }
+  }
 }
 
 // The count <= 16 rows at rows[j] as one A operand of 16 rows: in place when there are 16 equally spaced
@@ -112,12 +195,15 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
   const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v, tile = a.tile;
   const int64_t np = gemm_rows_padded(rows), row_blocks = np / kAmxRows, steps_qk = Dqk / kAmxK;
   const int64_t col_blocks = Dv / 16, all_rows = a.heads * rows;
+  TORCH_INTERNAL_ASSERT(tile <= kGemmDecodeTile);
+  const bf16* key_block[kGemmDecodeTile / kAmxRows];  // this tile's key blocks (A operands), ld in values
+  int64_t key_ld[kGemmDecodeTile / kAmxRows];
   // Scratch (DecodeScratch sizes it): bfloat16 Q^T packed [heads, row_blocks, steps_qk][16 pairs, 16 rows, 2],
-  // a gathered key block [16, Dqk], packed V [tile / 32, Dv / 16][16 pairs, 16, 2], P [np, tile]; float32
+  // gathered key blocks [tile, Dqk], packed V [tile / 32, Dv / 16][16 pairs, 16, 2], P [np, tile]; float32
   // scores^T [tile, np] and the padded output [heads, np, Dv].
   bf16* q_packed = a.lowp;
   bf16* key_buf = q_packed + a.heads * np * Dqk;
-  bf16* v_packed = key_buf + kAmxRows * Dqk;
+  bf16* v_packed = key_buf + tile * Dqk;
   bf16* p = v_packed + tile * Dv;
   float* scores_t = a.q_t;
   float* out = scores_t + tile * np;
@@ -140,42 +226,27 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
   at::native::cpublas::brgemm_release();
   amx_configure();
   for (int64_t k0 = a.k_begin; k0 < a.k_end; k0 += tile) {
-    const int64_t n = std::min(tile, a.k_end - k0), n_next = std::min(tile, a.k_end - k0 - n);
+    const int64_t n = std::min(tile, a.k_end - k0);
     const int64_t n_pad = (n + kAmxK - 1) / kAmxK * kAmxK;
     for (int64_t head = 0; head < a.heads; ++head) {
-      a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
+      a.locate(a, a.kv_head + head, k0, n, a.key_rows, a.value_rows);
       const bf16* const* keys = reinterpret_cast<const bf16* const*>(a.key_rows);
       const bf16* const* values = reinterpret_cast<const bf16* const*>(a.value_rows);
       const bf16* qh = q_packed + head * row_blocks * steps_qk * 512;
-      // scores^T, 16 keys by up to 4 x 16 rows at a time; meanwhile the next tile's rows are requested into L2
-      for (int64_t j0 = 0; j0 < n; j0 += kAmxRows) {
-        for (int64_t j = n + j0; j < std::min(n + j0 + kAmxRows, n + n_next); ++j) {
-          prefetch_row<1>(keys[j], Dqk);
-          if (values[j] != keys[j]) {
-            prefetch_row<1>(values[j], Dv);
-          }
-        }
-        int64_t ldk = 0;
-        const bf16* kt = amx_key_block(keys + j0, std::min(kAmxRows, n - j0), Dqk, key_buf, &ldk);
-        for (int64_t g0 = 0; g0 < row_blocks; g0 += kAmxAcc) {
-          with_block<kAmxAcc>(row_blocks - g0, [&](auto gb) {
-            constexpr int G = decltype(gb)::value;
-            unroll<G>([&](auto i) { tile_zero<decltype(i)::value>(); });
-            for (int64_t s = 0; s < steps_qk; ++s) {
-              tile_load<kTileA>(kt + s * kAmxK, ldk * 2);
-              unroll<G>([&](auto i) {
-                constexpr int I = decltype(i)::value;
-                tile_load<tile_b<I>()>(qh + ((g0 + I) * steps_qk + s) * 512, kAmxRowBytes);
-                tile_dot_bf16<I, kTileA, tile_b<I>()>();
-              });
-            }
-            unroll<G>([&](auto i) {
-              constexpr int I = decltype(i)::value;
-              tile_store<I>(scores_t + j0 * np + (g0 + I) * kAmxRows, np * 4);
-            });
-          });
-        }
+      // scores^T [n, np] = K Q^T over the tile's key blocks (in place or gathered). No software prefetch: the
+      // hardware streams a cache's runs of rows (measured: requesting the next tile into L2 gained nothing).
+      const int64_t key_blocks = (n + kAmxRows - 1) / kAmxRows;
+      for (int64_t kb = 0; kb < key_blocks; ++kb) {
+        const int64_t j0 = kb * kAmxRows;
+        key_block[kb] = amx_key_block(keys + j0, std::min(kAmxRows, n - j0), Dqk, key_buf + j0 * Dqk,
+                                      &key_ld[kb]);
       }
+      tile_grid(
+          key_blocks, row_blocks, steps_qk,
+          [&](int64_t kb, int64_t s) { return TileAt{key_block[kb] + s * kAmxK, key_ld[kb] * 2}; },
+          [&](int64_t rb, int64_t s) { return TileAt{qh + (rb * steps_qk + s) * 512, kAmxRowBytes}; },
+          [&](int64_t kb, int64_t rb) { return TileAt{scores_t + kb * kAmxRows * np + rb * kAmxRows, np * 4}; },
+          false);
       // Softmax per row on the scores transposed back; P in bfloat16 (columns n .. n_pad zero).
       for (int64_t r = 0; r < rows; ++r) {
         float* srow = a.scores + r * tile;
@@ -190,25 +261,13 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
         std::fill(p + r * tile + n, p + r * tile + n_pad, bf16(0));
       }
       amx_pack_values(values, n, Dv, v_packed);
-      // out += P V: 16 rows by up to 4 x 16 columns at a time, over the tile's steps of 32 keys
-      for (int64_t rb = 0; rb < row_blocks; ++rb) {
-        for (int64_t c0 = 0; c0 < col_blocks; c0 += kAmxAcc) {
-          with_block<kAmxAcc>(col_blocks - c0, [&](auto cb) {
-            constexpr int G = decltype(cb)::value;
-            float* o = out + (head * np + rb * kAmxRows) * Dv + c0 * 16;
-            unroll<G>([&](auto i) { tile_load<decltype(i)::value>(o + decltype(i)::value * 16, Dv * 4); });
-            for (int64_t s = 0; s < n_pad / kAmxK; ++s) {
-              tile_load<kTileA>(p + rb * kAmxRows * tile + s * kAmxK, tile * 2);
-              unroll<G>([&](auto i) {
-                constexpr int I = decltype(i)::value;
-                tile_load<tile_b<I>()>(v_packed + (s * col_blocks + c0 + I) * 512, kAmxRowBytes);
-                tile_dot_bf16<I, kTileA, tile_b<I>()>();
-              });
-            }
-            unroll<G>([&](auto i) { tile_store<decltype(i)::value>(o + decltype(i)::value * 16, Dv * 4); });
-          });
-        }
-      }
+      // out += P V over the tile's steps of 32 keys
+      tile_grid(
+          row_blocks, col_blocks, n_pad / kAmxK,
+          [&](int64_t rb, int64_t s) { return TileAt{p + rb * kAmxRows * tile + s * kAmxK, tile * 2}; },
+          [&](int64_t cb, int64_t s) { return TileAt{v_packed + (s * col_blocks + cb) * 512, kAmxRowBytes}; },
+          [&](int64_t rb, int64_t cb) { return TileAt{out + (head * np + rb * kAmxRows) * Dv + cb * 16, Dv * 4}; },
+          true);
     }
   }
   amx_release();

@@ -48,9 +48,9 @@ struct DecodeRows {
   const scalar_t** value_rows = nullptr;  // as key_rows
   acc_t* key_tile = nullptr;              // [tile, dim_qk]: decode_rows_gemm's converted keys
   acc_t* value_tile = nullptr;            // [tile, dim_v]: and values
-  // decode_rows_gemm's float32 scratch, rows rounded up to hp = 16: Q^T [heads, dim_qk, hp], P^T [tile, hp] and
-  // out^T [heads, dim_v, hp] (FMA kernels) or scores^T [tile, hp] and out [heads, hp, dim_v] (AMX); and the
-  // AMX kernel's operands in the cache's dtype (nullptr: no AMX path).
+  // decode_rows_gemm's float32 scratch, rows rounded up to hp = 16: Q^T [heads, dim_qk, hp] (FMA kernels) or
+  // scores^T [tile, hp] and out [heads, hp, dim_v] (AMX); and the AMX kernel's operands in the cache's dtype
+  // (nullptr: no AMX path).
   acc_t* q_t = nullptr;
   scalar_t* lowp = nullptr;
   acc_t* row_max = nullptr;               // [heads, rows]

@@ -1,20 +1,16 @@
 // decode_rows_gemm: the decode row kernel for many query rows per KV head (MLA's heads, large GQA groups),
 // where each key feeds enough FLOPs that decode is compute-bound. Three ways to multiply a key tile:
 //  - AVX-512, float32 accumulation: register-blocked FMA micro-kernels that read the tile where it lies, no
-//    packing (fma_scores_block: Q K^T, fma_values_block: (P V)^T with the query rows in the vector lanes),
-//    on float32 rows or on a float32 copy of a low-precision tile;
+//    packing (fma_scores_block / fma_values), on float32 rows or on a float32 copy of a low-precision tile;
 //  - AVX-512 with AMX-BF16, bfloat16 (decode_amx_kernel.h): both products on the tile registers in bfloat16;
 //  - elsewhere (AVX2, portable, float64): two GEMMs per tile on the vendor BLAS.
 //
-// Included by decode_isa_*.cpp after decode_kernel.h (whose decode_tiles loop and blocking helpers it
-// shares), in the same namespace.
+// Included by decode_isa_*.cpp after decode_kernel.h (whose decode_tiles loop, blocking helpers and
+// value_block it shares), in the same namespace.
 #pragma once
 
 #include "attention/cpu/decode_amx_kernel.h"
 #include "attention/cpu/decode_kernel.h"
-
-#include <array>
-#include <cmath>
 
 namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
 namespace {
@@ -72,7 +68,8 @@ void decode_rows_blas(const DecodeRows<scalar_t, acc_t>& a) {
 // Register blocks of the FMA micro-kernels (AVX-512: 32 vector registers of 16 floats).
 constexpr int kHeadVecs = 2;     // scores: up to 32 query rows (lanes of 2 vectors) ...
 constexpr int kScoreKeys = 12;   // ... times 12 keys: 24 accumulators + 2 Q vectors + a broadcast key value
-constexpr int kPvAccumulators = 24;  // P V: 24 columns x 1 vector of rows (or 12 x 2), P^T vectors, a broadcast
+constexpr int kPvRows = 4;       // P V: 4 rows ...
+constexpr int kPvVecs = 6;       // ... times 6 vectors of 16 values: 24 accumulators, 6 value vectors
 
 // scores[r * lds + j] = sum_d keys[j][d] * qt[d * hp + r] for KB keys and the rows r < rows of HB vectors:
 // each key value is broadcast into one FMA per vector of rows, so the keys are read once, in place, and Q
@@ -140,63 +137,25 @@ inline void fma_scores(const float* qt, int64_t rows, int64_t dim, const float* 
   }
 }
 
-// out^T[d, r] += sum_j P^T[j, r] values[j][d] for the CB columns d0 .. d0 + CB - 1 and HB vectors of rows
-// (p_t: P^T [n, hp], out_t: out^T [dim_v, hp], both offset to the first vector): each value is broadcast
-// into one FMA per vector of rows, so a key's row is read once for all rows, in place, and the
-// accumulators stay in registers over the whole tile.
-template <int HB, int CB>
-inline void fma_values_block(const float* p_t, int64_t hp, const float* const* values, int64_t n, int64_t d0,
-                             float* out_t) {
+// out[rows, dim_v] += P[rows, n] V over the n value rows at values[j]: blocks of kPvRows rows x kPvVecs
+// vectors (value_block), column blocks outside so a block's slice of the tile is reused from L1 by every
+// row block; the columns past the last whole vector one by one.
+template <typename scalar_t>
+inline void fma_values(const float* p, int64_t ldp, int64_t rows, const scalar_t* const* values, int64_t n,
+                       int64_t dim_v, float* out) {
   constexpr int64_t W = Vec<float>::size();
-  Vec<float> acc[CB][HB];
-  ATTN_OPS_UNROLL
-  for (int c = 0; c < CB; ++c) {
-    ATTN_OPS_UNROLL
-    for (int i = 0; i < HB; ++i) {
-      acc[c][i] = Vec<float>::loadu(out_t + (d0 + c) * hp + i * W);
-    }
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    Vec<float> pv[HB];
-    ATTN_OPS_UNROLL
-    for (int i = 0; i < HB; ++i) {
-      pv[i] = Vec<float>::loadu(p_t + j * hp + i * W);
-    }
-    const float* v = values[j] + d0;
-    ATTN_OPS_UNROLL
-    for (int c = 0; c < CB; ++c) {
-      const Vec<float> vc(v[c]);
-      ATTN_OPS_UNROLL
-      for (int i = 0; i < HB; ++i) {
-        acc[c][i] = at::vec::fmadd(vc, pv[i], acc[c][i]);
-      }
-    }
-  }
-  ATTN_OPS_UNROLL
-  for (int c = 0; c < CB; ++c) {
-    ATTN_OPS_UNROLL
-    for (int i = 0; i < HB; ++i) {
-      acc[c][i].store(out_t + (d0 + c) * hp + i * W);
-    }
-  }
-}
-
-// out^T[dim_v, hp] += (P V)^T over the n value rows at values[j] (float32, anywhere in memory), P^T [n, hp]:
-// blocks of kPvAccumulators columns x 1 vector of rows, or half as many columns x 2 vectors.
-inline void fma_values(const float* p_t, int64_t rows, const float* const* values, int64_t n, int64_t dim_v,
-                       float* out_t) {
-  constexpr int64_t W = Vec<float>::size();
-  const int64_t vecs = (rows + W - 1) / W, hp = gemm_rows_padded(rows);
-  for (int64_t v0 = 0; v0 < vecs; v0 += 2) {
-    with_block<2>(vecs - v0, [&](auto hb) {
-      constexpr int HB = decltype(hb)::value, CB = kPvAccumulators / HB;
-      for (int64_t d0 = 0; d0 < dim_v; d0 += CB) {
-        with_block<CB>(dim_v - d0, [&](auto cb) {
-          fma_values_block<HB, decltype(cb)::value>(p_t + v0 * W, hp, values, n, d0, out_t + v0 * W);
+  const int64_t d_vec = dim_v / W * W;
+  for (int64_t d0 = 0; d0 < d_vec; d0 += kPvVecs * W) {
+    with_block<kPvVecs>((d_vec - d0) / W, [&](auto nb) {
+      for (int64_t r0 = 0; r0 < rows; r0 += kPvRows) {
+        with_block<kPvRows>(rows - r0, [&](auto rb) {
+          value_block<decltype(rb)::value, decltype(nb)::value>(p + r0 * ldp, ldp, values, n, d0,
+                                                                out + r0 * dim_v, dim_v);
         });
       }
     });
   }
+  value_columns_tail(p, ldp, rows, values, n, d_vec, dim_v, out, dim_v);
 }
 
 // The FMA micro-kernel path (float32 accumulation): Q^T of every KV head arranged once per call in a.q_t;
@@ -249,57 +208,10 @@ void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
     };
     fma_scores(a.q_t + head * Dqk * hp, rows, Dqk, key_rows, n, a.scores, a.tile, prefetch);
   };
-  // P^T [tile, hp] and out^T [heads, Dv, hp] (rows in lanes, zero past rows) after Q^T; out^T is rescaled
-  // lane by lane where a row's running max moves (online_softmax_step gets no accumulator to rescale).
-  float* p_t = a.q_t + a.heads * Dqk * hp;
-  float* out_t = p_t + a.tile * hp;
-  std::array<float, kMaxGemmDecodeRows> correction;
-  TORCH_INTERNAL_ASSERT(hp <= kMaxGemmDecodeRows);
-  std::fill(correction.begin(), correction.end(), 1.f);
-  std::fill(p_t, p_t + a.tile * hp, 0.f);
-  std::fill(out_t, out_t + a.heads * Dv * hp, 0.f);
-  fill_row(a.row_max, a.heads * rows, -std::numeric_limits<float>::infinity());
-  fill_row(a.row_sum, a.heads * rows, 0.f);
-  for (int64_t k0 = a.k_begin; k0 < a.k_end; k0 += a.tile) {
-    const int64_t n = std::min(a.tile, a.k_end - k0);
-    for (int64_t head = 0; head < a.heads; ++head) {
-      scores(head, k0, n);
-      bool moved = false;
-      for (int64_t r = 0; r < rows; ++r) {
-        float* srow = a.scores + r * a.tile;
-        float& run_max = a.row_max[head * rows + r];
-        const float before = run_max;
-        const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
-        const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
-        online_softmax_step(srow, n, lo, hi, a.softcap, run_max, a.row_sum[head * rows + r],
-                            static_cast<float*>(nullptr), 0);
-        // as move_running_max rescales: by exp(old - new) when the max moved (NaN once NaN appeared)
-        const bool same = before == run_max || (std::isnan(before) && std::isnan(run_max));
-        correction[r] = same ? 1.f : std::exp(before - run_max);
-        moved |= !same;
-        for (int64_t j = 0; j < n; ++j) {
-          p_t[j * hp + r] = srow[j];
-        }
-      }
-      float* out_head = out_t + head * Dv * hp;
-      if (moved) {
-        for (int64_t d = 0; d < Dv; ++d) {
-          for (int64_t l = 0; l < hp; ++l) {
-            out_head[d * hp + l] *= correction[l];
-          }
-        }
-      }
-      fma_values(p_t, rows, value_rows, n, Dv, out_head);
-    }
-  }
-  for (int64_t hr = 0; hr < a.heads * rows; ++hr) {
-    const int64_t head = hr / rows, r = hr % rows;
-    float* dst = a.out + hr * Dv;
-    for (int64_t d = 0; d < Dv; ++d) {
-      dst[d] = out_t[(head * Dv + d) * hp + r];
-    }
-    a.lse[hr] = finish_row(dst, Dv, a.row_max[hr], a.row_sum[hr]);
-  }
+  const auto values = [&](int64_t head, int64_t n) {
+    fma_values(a.scores, a.tile, rows, value_rows, n, Dv, a.out + head * rows * Dv);
+  };
+  decode_tiles(a, scores, values);
 }
 
 }  // namespace
