@@ -164,6 +164,47 @@ inline const c10::BFloat16* amx_key_block(const c10::BFloat16* const* rows, int6
   return buffer;
 }
 
+// dst[c * ldd + i] = src[i * lds + c] for i < 16 and the first min(16, count) rows c of dst: a 16 x 16
+// block of floats transposed in registers (pairs of rows, then pairs of pairs, then 128-bit lanes twice).
+inline void transpose_16x16(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t count) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) {
+    r[i] = _mm512_loadu_ps(src + i * lds);
+  }
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  const auto lo64 = [](__m512 x, __m512 y) {
+    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+  };
+  const auto hi64 = [](__m512 x, __m512 y) {
+    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+  };
+  for (int i = 0; i < 4; ++i) {  // r[4i + k], 128-bit lane L: rows 4i .. 4i + 3 of column 4L + k
+    r[4 * i] = lo64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = hi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = lo64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = hi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // t[k]: lanes 0 / 2 of rows 0-7, t[4 + k]: lanes 1 / 3; t[8 ..]: rows 8-15
+    t[k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
+    t[4 + k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);
+    t[8 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
+    t[12 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
+  }
+  for (int k = 0; k < 4; ++k) {  // column 4L + k of src: lane L of r[k], r[4 + k], r[8 + k], r[12 + k]
+    const __m512 column[4] = {
+        _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88), _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0x88),
+        _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd), _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0xdd)};
+    for (int lane = 0; lane < 4; ++lane) {
+      if (4 * lane + k < count) {
+        _mm512_storeu_ps(dst + (4 * lane + k) * ldd, column[lane]);
+      }
+    }
+  }
+}
+
 // B operands of out += P V for the n value rows at values[j] (zero rows up to whole steps of 32 keys):
 // packed[(step * (dv / 16) + col_block) * 512 + pair * 32 + 2 * col + e] = values[32 step + 2 pair + e]
 // [16 col_block + col], i.e. two keys' rows interleaved value by value, 32 columns per two permutes.
@@ -247,12 +288,15 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
           [&](int64_t rb, int64_t s) { return TileAt{qh + (rb * steps_qk + s) * 512, kAmxRowBytes}; },
           [&](int64_t kb, int64_t rb) { return TileAt{scores_t + kb * kAmxRows * np + rb * kAmxRows, np * 4}; },
           false);
-      // Softmax per row on the scores transposed back; P in bfloat16 (columns n .. n_pad zero).
+      // Softmax per row on the scores transposed back (16 x 16 blocks; scores_t holds whole key blocks, its
+      // columns past n are never read); P in bfloat16 (columns n .. n_pad zero).
+      for (int64_t r0 = 0; r0 < rows; r0 += kAmxRows) {
+        for (int64_t j0 = 0; j0 < n; j0 += kAmxRows) {
+          transpose_16x16(scores_t + j0 * np + r0, np, a.scores + r0 * tile + j0, tile, rows - r0);
+        }
+      }
       for (int64_t r = 0; r < rows; ++r) {
         float* srow = a.scores + r * tile;
-        for (int64_t j = 0; j < n; ++j) {
-          srow[j] = scores_t[j * np + r];
-        }
         const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
         const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
         online_softmax_step(srow, n, lo, hi, a.softcap, a.row_max[head * rows + r], a.row_sum[head * rows + r],
