@@ -5,7 +5,9 @@ rows per sequence (Tq x H) it runs decode_rows_gemm, whose kernel depends on the
 dtype (csrc/attention/cpu/decode_gemm_kernel.h):
   - AVX-512, float32 / float16 (and bfloat16 where the CPU has no AMX): register-blocked FMA
     micro-kernels, float32 tiles in place, float16 / bfloat16 tiles converted to float32 once;
-  - AVX-512 with AMX, bfloat16: brgemm in bfloat16 with float32 accumulation (decode_amx_kernel.h);
+  - AVX-512 with AMX-BF16, bfloat16: tile products in bfloat16 with float32 accumulation
+    (decode_amx_kernel.h; ATTN_OPS_CPU_AMX=0 turns it off, so "avx512_noamx" runs bfloat16 on the FMA
+    kernels);
   - AVX2, portable, float64: two BLAS GEMMs per key tile.
 Fewer rows (H = 1, 3) take the streaming kernel; they are here too, so every head count meets the
 reference under every copy. ATTN_OPS_CPU_ISA (read at every call) selects the copy. Lengths straddle the
@@ -21,9 +23,10 @@ from test_mla_ops import ALL_DTYPES, dtype_id, run_case
 LENS = [1, 63, 64, 65, 129, 1000, 0]
 
 
-@pytest.fixture(params=ISA_LEVELS)
+@pytest.fixture(params=ISA_LEVELS + ["avx512_noamx"])
 def isa(request, monkeypatch):
-    return force_isa(monkeypatch, request.param)
+    monkeypatch.setenv("ATTN_OPS_CPU_AMX", "0" if request.param == "avx512_noamx" else "1")
+    return force_isa(monkeypatch, request.param.replace("_noamx", ""))
 
 
 @pytest.mark.parametrize("layout", ["contig", "paged16"])

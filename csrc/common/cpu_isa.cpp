@@ -8,6 +8,11 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace attn_ops {
 namespace {
 
@@ -46,6 +51,24 @@ bool cpu_has_avx512bf16() {
     return __builtin_cpu_supports("avx512bf16") != 0;
   }();
   const char* forced = std::getenv("ATTN_OPS_CPU_AVX512BF16");
+  return has && cpu_isa() == CpuIsa::kAvx512 && !(forced != nullptr && std::string(forced) == "0");
+#else
+  return false;
+#endif
+}
+
+// Declared in attention/cpu/amx_tiles.h, next to the only code that asks.
+bool cpu_has_amx_bf16() {
+#if defined(ATTN_OPS_X86_ISA_COPIES) && defined(__linux__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("amx-bf16") == 0) {
+      return false;
+    }
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;  // the kernel's ABI (asm/prctl.h)
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+  }();
+  const char* forced = std::getenv("ATTN_OPS_CPU_AMX");
   return has && cpu_isa() == CpuIsa::kAvx512 && !(forced != nullptr && std::string(forced) == "0");
 #else
   return false;

@@ -42,12 +42,12 @@ struct DecodeScratch {
   DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile)
       : q(heads * rows * dqk), scores(std::max(heads * rows * kDecodeChunk, rows * gemm_tile)),
         key_tile(gemm_tile * dqk), value_tile(gemm_tile * dv),
-        q_t(gemm_tile > 0 ? std::max(heads * dqk, gemm_tile) * gemm_rows_padded(rows) : 0),
+        q_t(gemm_tile > 0 ? std::max(heads * dqk, gemm_tile + heads * dv) * gemm_rows_padded(rows) : 0),
         row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv), lse(heads * rows), key_lo(rows),
         key_hi(rows), key_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         value_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         lowp(gemm_tile > 0 && !std::is_same_v<scalar_t, acc_t>
-                 ? (heads + 1) * dqk * gemm_rows_padded(rows) + gemm_tile * (dqk + 2 * dv + rows)
+                 ? heads * dqk * gemm_rows_padded(rows) + gemm_tile * (dqk + dv + gemm_rows_padded(rows))
                  : 0),
         stream(std::is_same_v<scalar_t, c10::BFloat16> ? heads * rows * (padded_to_chunks(dqk) + padded_to_chunks(dv))
                                                        : 0) {}

@@ -50,8 +50,9 @@ struct DecodeRows {
   const scalar_t** value_rows = nullptr;  // as key_rows
   acc_t* key_tile = nullptr;              // [tile, dim_qk]: decode_rows_gemm's converted keys
   acc_t* value_tile = nullptr;            // [tile, dim_v]: and values
-  // decode_rows_gemm's Q^T [heads, dim_qk, rows rounded up to 16] (FMA kernels) or its scores^T [tile, rows
-  // rounded up to 16] (AMX), and the AMX kernel's operands in the cache's dtype (nullptr: no AMX path).
+  // decode_rows_gemm's float32 scratch, rows rounded up to hp = 16: Q^T [heads, dim_qk, hp] (FMA kernels) or
+  // scores^T [tile, hp] and out [heads, hp, dim_v] (AMX); and the AMX kernel's operands in the cache's dtype
+  // (nullptr: no AMX path).
   acc_t* q_t = nullptr;
   scalar_t* lowp = nullptr;
   // The bfloat16 streaming kernel's (decode_bf16_kernel.h): its output accumulators [heads, rows,

@@ -2,7 +2,7 @@
 // where each key feeds enough FLOPs that decode is compute-bound. Three ways to multiply a key tile:
 //  - AVX-512, float32 accumulation: register-blocked FMA micro-kernels that read the tile where it lies, no
 //    packing (fma_scores_block / fma_values), on float32 rows or on a float32 copy of a low-precision tile;
-//  - AVX-512 with AMX, bfloat16 / float16 (decode_amx_kernel.h): both products on brgemm in the input dtype;
+//  - AVX-512 with AMX-BF16, bfloat16 (decode_amx_kernel.h): both products on the tile registers in bfloat16;
 //  - elsewhere (AVX2, portable, float64): two GEMMs per tile on the vendor BLAS.
 //
 // Included by decode_isa_*.cpp after decode_kernel.h (whose decode_tiles loop, blocking helpers and
@@ -219,11 +219,13 @@ void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
 template <typename scalar_t, typename acc_t>
 void decode_rows_gemm(const DecodeRows<scalar_t, acc_t>& a) {
   if constexpr (kWide && std::is_same_v<acc_t, float>) {
-    if constexpr (!std::is_same_v<scalar_t, float>) {
+#if ATTN_OPS_DECODE_AMX
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
       if (a.lowp != nullptr && amx_applies(a)) {
         return decode_rows_amx(a);
       }
     }
+#endif
     decode_rows_fma(a);
   } else {
     decode_rows_blas(a);
