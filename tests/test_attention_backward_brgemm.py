@@ -79,3 +79,48 @@ def test_deterministic(isa):
         grads.append(torch.autograd.grad(out, (qs, ks, vs), dout))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+# Query chunks (the brgemm path's unit of dQ, 2048 rows = positions x group heads; 128 positions at group
+# 16, 256 at group 8) and their splits. (B, Tq, Tk, Hq, Hkv, kwargs); run at 4 threads, so that MQA at
+# batch 1 splits its chunks (each split its own dK / dV, summed at the end) and the others do not.
+CHUNK_CASES = {
+    "mqa_g16_splits_causal": (1, 300, 300, 16, 1, dict(causal=True)),
+    "mqa_g16_splits_window_tq_lt_tk": (1, 257, 520, 16, 1, dict(window_left=100, window_right=7)),
+    "gqa8_chunks_softcap": (2, 600, 600, 16, 2, dict(softcap=6.0, causal=True)),
+    "gqa8_chunks_full": (1, 513, 65, 16, 2, {}),
+}
+
+
+@pytest.fixture
+def four_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES)
+def test_query_chunks(isa, four_threads, case):
+    b, tq, tk, hq, hkv, kw = CHUNK_CASES[case]
+    q, k, v = dense_inputs(b, tq, tk, hq, hkv, 64, 64, torch.bfloat16, "cpu")
+    check_backward(q, k, v, **kw)
+
+
+def test_query_chunks_varlen_empty_sequence(isa, four_threads):
+    lens_q, lens_k = [300, 0, 257, 1], [300, 40, 257, 0]
+    q, k, v, cq, ck = varlen_inputs(lens_q, lens_k, 16, 1, 128, 64, torch.bfloat16, "cpu")
+    check_backward(q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck)
+
+
+def test_deterministic_with_splits(isa, four_threads):
+    """MQA at batch 1: three chunk splits whose dK / dV sum in a fixed order; reruns give the same bits."""
+    q, k, v = dense_inputs(1, 300, 300, 16, 1, 64, 64, torch.bfloat16, "cpu")
+    dout = torch.randn_like(q)
+    grads = []
+    for _ in range(2):
+        qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
+        out, _ = attn_ops.attention(qs, ks, vs, causal=True)
+        grads.append(torch.autograd.grad(out, (qs, ks, vs), dout))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
