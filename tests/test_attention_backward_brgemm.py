@@ -3,9 +3,9 @@ float64 reference.
 
 That path needs Dqk a multiple of 64: these cases use D = 64 / 128 so that bfloat16 takes it where the
 CPU has AMX (float16 runs the float32 tile path there; its cases check the same shapes). Lengths cross
-the backward's 128-key block and 64-key pack block (1, 17, 63, 64, 65, 257), GQA groups 1 / 4 / all,
+the backward's 256-key block and 64-key pack block (1, 17, 63, 64, 65, 257), GQA groups 1 / 4 / all,
 causal / window / softcap, varlen with empty sequences; every case is also run on the portable copy
-(ATTN_OPS_CPU_ISA=default), which never takes brgemm.
+(ATTN_OPS_CPU_ISA=default), which never takes brgemm (float32 there: the key-split tile path).
 """
 
 import pytest
@@ -101,21 +101,24 @@ def four_threads():
 
 
 @pytest.mark.parametrize("case", CHUNK_CASES)
-def test_query_chunks(isa, four_threads, case):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_query_chunks(isa, four_threads, dtype, case):
     b, tq, tk, hq, hkv, kw = CHUNK_CASES[case]
-    q, k, v = dense_inputs(b, tq, tk, hq, hkv, 64, 64, torch.bfloat16, "cpu")
+    q, k, v = dense_inputs(b, tq, tk, hq, hkv, 64, 64, dtype, "cpu")
     check_backward(q, k, v, **kw)
 
 
-def test_query_chunks_varlen_empty_sequence(isa, four_threads):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_query_chunks_varlen_empty_sequence(isa, four_threads, dtype):
     lens_q, lens_k = [300, 0, 257, 1], [300, 40, 257, 0]
-    q, k, v, cq, ck = varlen_inputs(lens_q, lens_k, 16, 1, 128, 64, torch.bfloat16, "cpu")
+    q, k, v, cq, ck = varlen_inputs(lens_q, lens_k, 16, 1, 128, 64, dtype, "cpu")
     check_backward(q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck)
 
 
-def test_deterministic_with_splits(isa, four_threads):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_deterministic_with_splits(isa, four_threads, dtype):
     """MQA at batch 1: three chunk splits whose dK / dV sum in a fixed order; reruns give the same bits."""
-    q, k, v = dense_inputs(1, 300, 300, 16, 1, 64, 64, torch.bfloat16, "cpu")
+    q, k, v = dense_inputs(1, 300, 300, 16, 1, 64, 64, dtype, "cpu")
     dout = torch.randn_like(q)
     grads = []
     for _ in range(2):

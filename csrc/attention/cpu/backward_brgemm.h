@@ -8,7 +8,7 @@
 // are done and is rounded into dq then. dK^T / dV^T accumulate in float32 over the item's chunks
 // ([Dqk + Dv, Tk]: in the worker's scratch with one split, rounded into dk / dv when the item ends; else in
 // one buffer per split, summed in split order at the end). So the memory beyond the outputs is per worker
-// (one chunk, ~4 MiB at D = 128, and one sequence's dK / dV in float32), never a float32 copy of dq, and
+// (one chunk, ~3 MiB at D = 128, and one sequence's dK / dV in float32), never a float32 copy of dq, and
 // every sum runs in a fixed order (bit-identical reruns whatever the thread schedule).
 //
 // Per key block (n keys, padded with zero keys to `width` = n rounded up to kPackBlock) and query tile
@@ -47,6 +47,7 @@ constexpr int64_t kBrgemmKeyBlock = 256;      // keys per block: few passes over
 constexpr int64_t kBrgemmTileRows = 128;      // query rows per tile
 constexpr int64_t kChunkRows = 2048;          // query rows per chunk: its dQ is 1 MiB at Dqk = 128
 constexpr int64_t kMaxKeyGradBytes = int64_t(1) << 30;  // the per-split dK / dV buffers at most
+constexpr int64_t kAccumulatorPad = 16;                 // values added to the dK^T / dV^T row stride
 
 // The bits of c10::BFloat16(x) (round to nearest even, NaN stays NaN), written so that loops vectorize.
 inline uint32_t bfloat16_bits(float x) {
@@ -137,7 +138,8 @@ class BrgemmBackward {
       max_len_k = std::max(max_len_k, p.len_k[b]);
       max_chunks = std::max(max_chunks, (p.len_q[b] + chunk_positions_ - 1) / chunk_positions_);
     }
-    ld_ = round_up(std::max<int64_t>(max_len_k, 1), kBrgemmKeyBlock);
+    // Not a power of two: the accumulators' rows would share cache sets (T = 2048 floats apart).
+    ld_ = round_up(std::max<int64_t>(max_len_k, 1), kBrgemmKeyBlock) + kAccumulatorPad;
     // Splits fill the threads when there are few (sequence, KV head) pairs (MQA, batch 1); each keeps
     // its own dK / dV in float32.
     const int64_t pairs = std::max<int64_t>(1, p.batch * p.heads_kv);
