@@ -3,9 +3,9 @@ float64 reference.
 
 That path needs Dqk a multiple of 64: these cases use D = 64 / 128 so that bfloat16 takes it where the
 CPU has AMX (float16 runs the float32 tile path there; its cases check the same shapes). Lengths cross
-the backward's 128-key block and 64-key pack block (1, 17, 63, 64, 65, 257), GQA groups 1 / 4 / all,
+the backward's 256-key block and 64-key pack block (1, 17, 63, 64, 65, 257), GQA groups 1 / 4 / all,
 causal / window / softcap, varlen with empty sequences; every case is also run on the portable copy
-(ATTN_OPS_CPU_ISA=default), which never takes brgemm.
+(ATTN_OPS_CPU_ISA=default), which never takes brgemm (float32 there: the key-split tile path).
 """
 
 import pytest
@@ -69,8 +69,8 @@ def test_varlen_empty_sequences(isa, dtype, layout):
     check_backward(q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck)
 
 
-def test_deterministic(isa):
-    q, k, v = dense_inputs(1, 300, 300, 8, 2, 128, 128, torch.bfloat16, "cpu")
+def assert_bit_identical_reruns(q, k, v):
+    """Two causal forward+backward runs on the same inputs give the same gradient bits."""
     dout = torch.randn_like(q)
     grads = []
     for _ in range(2):
@@ -79,3 +79,48 @@ def test_deterministic(isa):
         grads.append(torch.autograd.grad(out, (qs, ks, vs), dout))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def test_deterministic(isa):
+    assert_bit_identical_reruns(*dense_inputs(1, 300, 300, 8, 2, 128, 128, torch.bfloat16, "cpu"))
+
+
+# Query chunks (the brgemm path's unit of dQ, 2048 rows = positions x group heads; 128 positions at group
+# 16, 256 at group 8) and their splits. (B, Tq, Tk, Hq, Hkv, kwargs); run at 4 threads, so that MQA at
+# batch 1 splits its chunks (each split its own dK / dV, summed at the end) and the others do not.
+CHUNK_CASES = {
+    "mqa_g16_splits_causal": (1, 300, 300, 16, 1, dict(causal=True)),
+    "mqa_g16_splits_window_tq_lt_tk": (1, 257, 520, 16, 1, dict(window_left=100, window_right=7)),
+    "gqa8_chunks_softcap": (2, 600, 600, 16, 2, dict(softcap=6.0, causal=True)),
+    "gqa8_chunks_full": (1, 513, 65, 16, 2, {}),
+}
+
+
+@pytest.fixture
+def four_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_query_chunks(isa, four_threads, dtype, case):
+    b, tq, tk, hq, hkv, kw = CHUNK_CASES[case]
+    q, k, v = dense_inputs(b, tq, tk, hq, hkv, 64, 64, dtype, "cpu")
+    check_backward(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_query_chunks_varlen_empty_sequence(isa, four_threads, dtype):
+    lens_q, lens_k = [300, 0, 257, 1], [300, 40, 257, 0]
+    q, k, v, cq, ck = varlen_inputs(lens_q, lens_k, 16, 1, 128, 64, dtype, "cpu")
+    check_backward(q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_deterministic_with_splits(isa, four_threads, dtype):
+    """MQA at batch 1 on 4 threads: the work is split (bfloat16 on brgemm: three query-chunk splits with
+    their own dK / dV; float32: key splits with their own dQ), the splits summed in a fixed order."""
+    assert_bit_identical_reruns(*dense_inputs(1, 300, 300, 16, 1, 64, 64, dtype, "cpu"))

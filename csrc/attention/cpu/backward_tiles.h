@@ -7,8 +7,8 @@
 // (with one split of a float32 / float64 problem, into dq itself).
 // Splits exist so that a problem with few (sequence, KV head) pairs (MQA, batch 1) still fills every
 // thread; the result does not depend on the thread count's schedule (deterministic).
-// bfloat16 on a CPU with AMX runs each key block's products on brgemm (backward_brgemm.h); the other
-// dtypes and CPUs convert the tiles to float32 / float64 for the BLAS.
+// bfloat16 on a CPU with AMX runs on brgemm instead, with its own work split (backward_brgemm.h); the
+// other dtypes and CPUs convert the tiles to float32 / float64 for the BLAS.
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
@@ -23,7 +23,6 @@
 
 #include <cmath>
 #include <limits>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -32,19 +31,16 @@ namespace {
 
 constexpr int64_t kBackwardRows = 128;  // query rows (positions x group heads) per tile
 constexpr int64_t kKeyBlock = 128;    // keys per block
-constexpr int64_t kBrgemmKeyBlock = 256;  // keys per block on brgemm: half the passes over the dQ accumulators
 constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
 
 template <typename acc_t>
 struct BackwardScratch {
   std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, dq, k, v, dk, dv, k_t, v_t;
-  std::optional<BrgemmBackwardScratch> lowp;  // the brgemm path's buffers (then the others are empty)
   BackwardScratch(int64_t rows, int64_t dqk, int64_t dv_dim)
       : q(rows * dqk), dout(rows * dv_dim), lse(rows), delta(rows), scores(rows * kKeyBlock),
         probs(rows * kKeyBlock), dscores(rows * kKeyBlock), dq(rows * dqk), k(kKeyBlock * dqk),
         v(kKeyBlock * dv_dim), dk(kKeyBlock * dqk), dv(kKeyBlock * dv_dim), k_t(dqk * kKeyBlock),
         v_t(dv_dim * kKeyBlock) {}
-  explicit BackwardScratch(BrgemmBackwardScratch brgemm) : lowp(std::move(brgemm)) {}
 };
 
 // dst[d * ld_dst + j] = src[j * ld_src + d]: a [n, dim] tile as [dim, n], in 16 x 16 blocks.
@@ -101,19 +97,18 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
     delta[row] = sum - (dlse ? dlse[lse_layout.at(b, i, h)] : acc_t(0));
   });
 
-  constexpr bool brgemm_dtype = kBrgemmCopy && std::is_same_v<scalar_t, c10::BFloat16>;
-  std::optional<BrgemmBackward> brgemm;
-  if constexpr (brgemm_dtype) {
+  if constexpr (kBrgemmCopy && std::is_same_v<scalar_t, c10::BFloat16>) {
     if (p.total_q > 0 && BrgemmBackward::supports(p)) {
-      brgemm.emplace(p, block_positions, kBrgemmKeyBlock, dout, dout_layout, q, q_layout, k, k_layout, v, v_layout,
-                     lse, lse_layout, delta.data(), dk, dk_layout, dv, dv_layout);
+      BrgemmBackward(p, dout, dout_layout, q, q_layout, k, k_layout, v, v_layout, lse, lse_layout, delta.data(), dq,
+                     dq_layout, dk, dk_layout, dv, dv_layout)
+          .run();
+      return;
     }
   }
-  const int64_t key_block = brgemm ? kBrgemmKeyBlock : kKeyBlock;
 
   int64_t max_key_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
-    max_key_blocks = std::max(max_key_blocks, (p.len_k[b] + key_block - 1) / key_block);
+    max_key_blocks = std::max(max_key_blocks, (p.len_k[b] + kKeyBlock - 1) / kKeyBlock);
   }
   const double backward_flops = 2.5 * p.forward_flops();
   const int64_t pairs = std::max<int64_t>(1, p.batch * p.heads_kv);
@@ -125,8 +120,7 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
   // buffer the size of dq, which is most of the backward's memory beyond its inputs at long lengths.
   constexpr bool same_type = std::is_same_v<scalar_t, acc_t>;
   const bool direct = same_type && splits == 1;
-  // [splits, total_q, Hq, Dqk]; on brgemm [splits, Hkv, total_q, G, Dqk], so that a query tile's rows are
-  // one matrix that brgemm accumulates into.
+  // [splits, total_q, Hq, Dqk]
   std::vector<acc_t> dq_partial(direct ? 0 : splits * p.total_q * Hq * Dqk, acc_t(0));
   // The dQ accumulator of (sequence b, position i, head h) in split `split`.
   auto dq_row = [&](int64_t b, int64_t i, int64_t h, int64_t split = 0) -> acc_t* {
@@ -135,11 +129,7 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
         return dq + dq_layout.at(b, i, h);
       }
     }
-    const int64_t token = p.token_q[b] + i;
-    if (brgemm) {
-      return dq_partial.data() + (((split * p.heads_kv + h / G) * p.total_q + token) * G + h % G) * Dqk;
-    }
-    return dq_partial.data() + ((split * p.total_q + token) * Hq + h) * Dqk;
+    return dq_partial.data() + ((split * p.total_q + p.token_q[b] + i) * Hq + h) * Dqk;
   };
   if (direct) {
     for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t) { fill_row(dq_row(b, i, h), Dqk, acc_t(0)); });
@@ -147,21 +137,10 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
 
   parallel_items(
       p.batch * p.heads_kv * splits, backward_flops,
-      [&] {
-        return brgemm ? BackwardScratch<acc_t>(brgemm->scratch()) : BackwardScratch<acc_t>(max_rows, Dqk, Dv);
-      },
+      [&] { return BackwardScratch<acc_t>(max_rows, Dqk, Dv); },
       [&](int64_t item, BackwardScratch<acc_t>& s) {
         const int64_t split = item % splits, g = (item / splits) % p.heads_kv, b = item / (splits * p.heads_kv);
         const int64_t Tk = p.len_k[b];
-        if constexpr (brgemm_dtype) {
-          if (brgemm) {
-            for (int64_t k0 = split * key_block; k0 < Tk; k0 += splits * key_block) {
-              brgemm->key_block(b, g, k0, *s.lowp,
-                                [&](int64_t i0) { return dq_row(b, i0, g * G, split); });
-            }
-            return;
-          }
-        }
         for (int64_t k0 = split * kKeyBlock; k0 < Tk; k0 += splits * kKeyBlock) {
           const int64_t n = std::min(kKeyBlock, Tk - k0);
           int64_t ldk = 0, ldv = 0;
