@@ -88,11 +88,41 @@ class KvTiles {
   std::unique_ptr<std::atomic<int>[]> state_;  // [total()]: kUnpacked, kPacking or kReady
 };
 
+// K^T [Dqk, n] of keys k0 .. k0 + n - 1 of (sequence b, KV head g), rows `ld` apart: equally spaced keys by
+// at::vec's register transposes (16 x 16 floats, 32 x 32 16-bit values), keys crossing the blocks of a paged
+// cache one by one.
 template <typename scalar_t>
-class PackedKV {
+void transpose_keys(const scalar_t* k, const KeyLayout& layout, int64_t b, int64_t g, int64_t k0, int64_t n,
+                    int64_t dqk, scalar_t* out, int64_t ld) {
+  constexpr int64_t block = sizeof(scalar_t) == 4 ? 16 : 32;
+  if (layout.uniform(k0, n)) {
+    const int64_t stride = layout.rows.seq_stride;
+    const scalar_t* first = k + layout.at(b, k0, g);
+    for (int64_t j = 0; j < n; j += block) {
+      for (int64_t d = 0; d < dqk; d += block) {
+        at::vec::transpose_mxn<scalar_t>(first + j * stride + d, stride, out + d * ld + j, ld,
+                                         std::min(block, n - j), std::min(block, dqk - d));
+      }
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const scalar_t* key = k + layout.at(b, k0 + j, g);
+      for (int64_t d = 0; d < dqk; ++d) {
+        out[d * ld + j] = key[d];
+      }
+    }
+  }
+}
+
+// A packed copy of K and V for a whole problem (PackedKV below, PanelKV in panel_kv.h): the inputs it is
+// packed from, one buffer of Dqk x tile values per tile of K and of tile x Dv per tile of V (KvTiles'
+// numbering), and who packs which tile. Derived::pack(index, b, g, k0, n) writes tile `index` (keys
+// k0 .. k0 + n - 1 of sequence b, KV head g) in its own arrangement.
+template <typename scalar_t, typename Derived>
+class KvTileStore {
  public:
-  PackedKV(const AttentionProblem& p, int64_t tile, const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v,
-           const KeyLayout& v_layout)
+  KvTileStore(const AttentionProblem& p, int64_t tile, const scalar_t* k, const KeyLayout& k_layout,
+              const scalar_t* v, const KeyLayout& v_layout)
       : tiles_(p, tile),
         dqk_(p.dim_qk),
         dv_(p.dim_v),
@@ -100,68 +130,64 @@ class PackedKV {
         v_in_(v),
         k_layout_(k_layout),
         v_layout_(v_layout),
-        k_(tiles_.total() * dqk_ * tile),
+        k_(tiles_.total() * tile * dqk_),
         v_(tiles_.total() * tile * dv_) {}
 
   // Packs the tiles of (b, g) over keys [k_begin, k_end) that no thread has packed yet (KvTiles::prepare):
   // called by each work item before its products.
   void prepare(int64_t b, int64_t g, int64_t k_begin, int64_t k_end) {
-    tiles_.prepare(b, g, k_begin, k_end, [&](int64_t index, int64_t k0, int64_t n) { pack(index, b, g, k0, n); });
+    tiles_.prepare(b, g, k_begin, k_end, [&](int64_t index, int64_t k0, int64_t n) {
+      static_cast<Derived*>(this)->pack(index, b, g, k0, n);
+    });
   }
 
-  // The packed tile of sequence b, KV head g that starts at key k0 (a multiple of the tile size): key
-  // block c (keys c * kPackBlock ...) of K^T at k_tile + c * kPackBlock * Dqk, dim block c of V (its first
-  // `keys` rows, keys even) at v_tile + c * kPackBlock * tile.
+  // The packed tile of sequence b, KV head g that starts at key k0 (a multiple of the tile size).
   const scalar_t* k_tile(int64_t b, int64_t g, int64_t k0) const {
-    return k_.data() + tiles_.index(b, g, k0) * dqk_ * tiles_.tile();
+    return k_.data() + tiles_.index(b, g, k0) * tiles_.tile() * dqk_;
   }
   const scalar_t* v_tile(int64_t b, int64_t g, int64_t k0) const {
     return v_.data() + tiles_.index(b, g, k0) * tiles_.tile() * dv_;
   }
 
- private:
-  // Packs tile `index` (keys k0 .. k0 + n - 1 of sequence b, KV head g).
-  void pack(int64_t index, int64_t b, int64_t g, int64_t k0, int64_t n) {
-    const int64_t tile = tiles_.tile();
-    std::vector<scalar_t> rows(std::max(dqk_, dv_) * tile);  // one tile, unpacked
-    const int64_t width = round_up(n, kPackBlock);
-    // K^T [Dqk, width]: column j is key k0 + j, zero past n (rows starts zeroed).
-    if (k_layout_.uniform(k0, n)) {  // equally spaced keys: 32 x 32 blocks (at::vec's AVX-512 transpose)
-      const scalar_t* first = k_in_ + k_layout_.at(b, k0, g);
-      for (int64_t j = 0; j < n; j += 32) {
-        for (int64_t d = 0; d < dqk_; d += 32) {
-          at::vec::transpose_mxn<scalar_t>(first + j * k_layout_.rows.seq_stride + d, k_layout_.rows.seq_stride,
-                                           rows.data() + d * width + j, width, std::min<int64_t>(32, n - j),
-                                           std::min<int64_t>(32, dqk_ - d));
-        }
-      }
-    } else {  // the tile crosses blocks of a paged cache
-      for (int64_t j = 0; j < n; ++j) {
-        const scalar_t* key = k_in_ + k_layout_.at(b, k0 + j, g);
-        for (int64_t d = 0; d < dqk_; ++d) {
-          rows[d * width + j] = key[d];
-        }
-      }
-    }
-    scalar_t* k_out = k_.data() + index * dqk_ * tile;
-    for (int64_t c = 0; c < width; c += kPackBlock) {
-      lowp_brgemm_pack(dqk_, kPackBlock, width, rows.data() + c, k_out + c * dqk_);
-    }
-    // V [width, Dv]: row j is key k0 + j, zero past n (rows starts zeroed).
-    for (int64_t j = 0; j < n; ++j) {
-      std::copy_n(v_in_ + v_layout_.at(b, k0 + j, g), dv_, rows.data() + j * dv_);
-    }
-    scalar_t* v_out = v_.data() + index * tile * dv_;
-    for (int64_t c = 0; c < dv_; c += kPackBlock) {
-      lowp_brgemm_pack(width, kPackBlock, dv_, rows.data() + c, v_out + c * tile);
-    }
-  }
-
+ protected:
   KvTiles tiles_;
   int64_t dqk_, dv_;
   const scalar_t *k_in_, *v_in_;  // the inputs
   KeyLayout k_layout_, v_layout_;
-  HugeBuffer<scalar_t> k_, v_;  // every value of a tile that k_tile / v_tile's readers use is written
+  HugeBuffer<scalar_t> k_, v_;  // the derived class says which values of a tile it writes
+};
+
+// brgemm's arrangement (see the top of this file): key block c (keys c * kPackBlock ...) of K^T at
+// k_tile + c * kPackBlock * Dqk, dim block c of V (its first `keys` rows, keys even) at
+// v_tile + c * kPackBlock * tile. Every value of a tile that k_tile / v_tile's readers use is written.
+template <typename scalar_t>
+class PackedKV : public KvTileStore<scalar_t, PackedKV<scalar_t>> {
+  using Store = KvTileStore<scalar_t, PackedKV<scalar_t>>;
+  friend Store;
+
+ public:
+  using Store::Store;
+
+ private:
+  void pack(int64_t index, int64_t b, int64_t g, int64_t k0, int64_t n) {
+    const int64_t tile = this->tiles_.tile(), dqk = this->dqk_, dv = this->dv_;
+    std::vector<scalar_t> rows(std::max(dqk, dv) * tile);  // one tile, unpacked
+    const int64_t width = round_up(n, kPackBlock);
+    // K^T [Dqk, width]: column j is key k0 + j, zero past n (rows starts zeroed).
+    transpose_keys(this->k_in_, this->k_layout_, b, g, k0, n, dqk, rows.data(), width);
+    scalar_t* k_out = this->k_.data() + index * dqk * tile;
+    for (int64_t c = 0; c < width; c += kPackBlock) {
+      lowp_brgemm_pack(dqk, kPackBlock, width, rows.data() + c, k_out + c * dqk);
+    }
+    // V [width, Dv]: row j is key k0 + j, zero past n (rows starts zeroed).
+    for (int64_t j = 0; j < n; ++j) {
+      std::copy_n(this->v_in_ + this->v_layout_.at(b, k0 + j, g), dv, rows.data() + j * dv);
+    }
+    scalar_t* v_out = this->v_.data() + index * tile * dv;
+    for (int64_t c = 0; c < dv; c += kPackBlock) {
+      lowp_brgemm_pack(width, kPackBlock, dv, rows.data() + c, v_out + c * tile);
+    }
+  }
 };
 
 }  // namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS
