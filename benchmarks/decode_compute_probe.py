@@ -9,23 +9,17 @@ If L1 / L2 are not much faster than stream, the kernel is compute-bound (see cpu
   python benchmarks/decode_compute_probe.py --dtype bfloat16 --repeats 5
 """
 import argparse
-import time
+import os
+import sys
 
 import torch
 
 import attn_ops
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
+
 B, T, HQ, HKV, D, BS = 32, 4096, 32, 8, 128, 64
-
-
-def best_cpu_time(f, repeats):
-    f()
-    times = []
-    for _ in range(repeats):
-        t = time.process_time()
-        f()
-        times.append(time.process_time() - t)
-    return min(times)
 
 
 def main():
@@ -49,7 +43,8 @@ def main():
     nbytes = 2 * B * T * HKV * D * dt.itemsize
     print(f"attn_ops {attn_ops.__file__}, {args.dtype}, 1 thread, best CPU time of {args.repeats}")
     for name, ((k, v), table) in cases.items():
-        t = best_cpu_time(lambda: attn_ops.attention_with_kvcache(q, k, v, lens, block_table=table), args.repeats)
+        t = min(timing.cpu_time_samples(lambda: attn_ops.attention_with_kvcache(q, k, v, lens, block_table=table),
+                                          args.repeats))
         print(f"{name:6s} {t * 1e3:7.1f} ms  {nbytes / t / 1e9:5.1f} GB/s of cache  "
               f"{t / (B * T * HKV) * 1e9:5.1f} ns per key and KV head")
 

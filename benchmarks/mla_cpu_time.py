@@ -12,12 +12,12 @@ it, one after the other, still rank. Per case: median of --repeats calls, best o
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
+import timing  # noqa: E402
 
 attn_ops = machine.import_attn_ops()
 
@@ -37,13 +37,8 @@ def absorbed_einsum(q_latent, q_rope, kv_cache, pe_cache, scale):
 
 
 def cpu_time(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return sorted(times)[len(times) // 2]
+    samples = sorted(timing.cpu_time_samples(fn, repeats))
+    return samples[len(samples) // 2]
 
 
 def main():

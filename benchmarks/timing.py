@@ -51,6 +51,19 @@ def measure(fn: Callable[[], object], *, device: str, repeats: int = 5, warmup: 
     return _timing(samples, result)
 
 
+def cpu_time_samples(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Process CPU times (seconds) of `repeats` calls after one untimed call. On a shared machine a call's
+    wall time measures the queue; with one thread its CPU time measures the cycles the call itself took
+    (memory stalls included), so two builds compared this way still rank."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        samples.append(time.process_time() - t0)
+    return samples
+
+
 def _timing(samples: list[float], result) -> dict:
     return {"median_s": statistics.median(samples), "min_s": min(samples), "n": len(samples),
             "samples": samples, "result": result}
