@@ -57,7 +57,6 @@ bool cpu_has_avx512bf16() {
 #endif
 }
 
-// Declared in attention/cpu/amx_tiles.h, next to the only code that asks.
 bool cpu_has_amx_bf16() {
 #if defined(ATTN_OPS_X86_ISA_COPIES) && defined(__linux__)
   static const bool has = [] {

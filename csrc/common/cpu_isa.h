@@ -20,6 +20,11 @@ CpuIsa cpu_isa();
 // every call, so tests run both conversions in one process).
 bool cpu_has_avx512bf16();
 
+// Whether the AVX-512 copy may run AMX-BF16 tile instructions (attention/cpu/amx_tiles.h): the CPU has them,
+// the OS granted this process the tile state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM), requested once),
+// cpu_isa() is kAvx512, and ATTN_OPS_CPU_AMX is not 0 (read at every call, for tests and comparisons).
+bool cpu_has_amx_bf16();
+
 // `entity` (a function, or a call of one) from the copy cpu_isa() picks, out of the namespaces
 // <family>_default / <family>_avx2 / <family>_avx512 that a kernel family's *_isa_<isa>.cpp files define:
 // ATTN_OPS_FOR_THIS_CPU(prefill, prefill_kernels<float>()) is prefill_avx512::prefill_kernels<float>()

@@ -6,16 +6,9 @@
 // bfloat16, B: 16 pairs of rows x 16 columns x 2 in VNNI order, C: 16 x 16 float32).
 #pragma once
 
+#include "common/cpu_isa.h"
+
 #include <cstdint>
-
-namespace attn_ops {
-
-// Whether the AVX-512 copy may run AMX-BF16 tile instructions (defined in common/cpu_isa.cpp): the CPU has
-// them, the OS granted this process the tile state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM), requested once),
-// cpu_isa() is kAvx512, and ATTN_OPS_CPU_AMX is not 0 (read at every call, for tests and comparisons).
-bool cpu_has_amx_bf16();
-
-}  // namespace attn_ops
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
 
