@@ -9,6 +9,9 @@ cache, cache_seqlens = context). Compared on the same values:
                 under capture), so this is the kernels' own time
   paged16 / paged1   ours over a paged cache (block size 16 / 1, blocks in shuffled order,
                 block_table int32 [B, context / block_size])
+  ours[bhtd]    ours over the baselines' [B, Hkv, context, D] cache (HF's layout), passed as the
+                view .transpose(1, 2), which the op reads in place: the same bytes in the same order
+                as sdpa's
   sdpa          F.scaled_dot_product_attention(q [B,Hq,1,D], k/v [B,Hkv,context,D], enable_gqa=True)
   flex          torch.compile(flex_attention)(..., enable_gqa=True), no mask (CUDA only)
   eager         HuggingFace's eager path: repeat_kv + q @ k^T * scale + softmax(float32) + @ v
@@ -69,8 +72,8 @@ import timing  # noqa: E402
 from baselines import DTYPES  # noqa: E402
 from reporting import bw_cell  # noqa: E402
 
-CUDA_IMPLS = ["ours", "ours[graph]", "paged16", "paged1", "sdpa", "flex", "eager"]
-CPU_IMPLS = ["ours", "paged16", "paged1", "sdpa", "eager"]
+CUDA_IMPLS = ["ours", "ours[graph]", "ours[bhtd]", "paged16", "paged1", "sdpa", "flex", "eager"]
+CPU_IMPLS = ["ours", "ours[bhtd]", "paged16", "paged1", "sdpa", "eager"]
 
 
 def parse_args(argv=None):
@@ -168,11 +171,17 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
     row["appends"].update(append_decode(attn_ops, args, k, v, None, None, None, None, lens, label,
                                         notes))
 
-    # baselines on a [B, Hkv, context, D] cache
-    if any(i in args.impls for i in ("sdpa", "flex", "eager")):
+    # baselines on a [B, Hkv, context, D] cache, and ours on the same bytes
+    if any(i in args.impls for i in ("ours[bhtd]", "sdpa", "flex", "eager")):
         kb, vb = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
         del k, v
         machine.free_memory(device)
+        if "ours[bhtd]" in args.impls:
+            def make():
+                kt, vt = kb.transpose(1, 2), vb.transpose(1, 2)
+                return lambda: attn_ops.attention_with_kvcache(q, kt, vt, lens)[0]
+
+            record("ours[bhtd]", *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
         qb = q.transpose(1, 2).contiguous()  # [B, Hq, 1, D]
         for impl in [i for i in args.impls if i in ("sdpa", "flex", "eager")]:
             if impl != "sdpa" and budget.expired():
@@ -209,8 +218,8 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
     machine.free_memory(device)
     if "ours" in outs and "sdpa" in outs:
         row["rel_diff_vs_sdpa"] = baselines.rel_maxdiff(outs["ours"], outs["sdpa"])
-    paged_diffs = [baselines.rel_maxdiff(outs[i], outs["ours"]) for i in outs if i.startswith("paged")
-                   and "ours" in outs]
+    paged_diffs = [baselines.rel_maxdiff(outs[i], outs["ours"]) for i in outs
+                   if (i.startswith("paged") or i == "ours[bhtd]") and "ours" in outs]
     if paged_diffs:
         row["rel_diff_paged_vs_contiguous"] = max(paged_diffs)
     return row
@@ -375,9 +384,10 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
                  f"({cp:.0f} GB/s); ours % read = the same against the read bandwidth "
                  f"({run.ceilings['read']['gbps']:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
-                 f"work). paged16 / paged1 = ours over a paged cache with that block size. The "
+                 f"work). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
+                 f"as a transposed view, read in place. paged16 / paged1 = ours over a paged cache with that block size. The "
                  f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
-                 f"max abs(sdpa); paged diff: the largest of the same for paged against contiguous. "
+                 f"max abs(sdpa); paged diff: the largest of the same for paged and ours[bhtd] against contiguous. "
                  f"Times are device times from CUDA events with the L2 flushed before each call (see "
                  f"the script's docstring).")
         L.append("")
