@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import shutil
+import sys
 
 from setuptools import find_packages, setup
 
@@ -60,8 +61,9 @@ def cuda_library_includes():
         return []
     import torch
 
-    site = os.path.dirname(os.path.dirname(torch.__file__))
-    return [d for d in sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "include")))
+    # torch's own site-packages first, then the others (a venv over the system's packages)
+    sites = [os.path.dirname(os.path.dirname(torch.__file__))] + [p for p in sys.path if os.path.isdir(p)]
+    return [d for site in sites for d in sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "include")))
             if os.path.exists(os.path.join(d, "cusparse.h"))][:1]
 
 

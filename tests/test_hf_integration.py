@@ -220,6 +220,13 @@ def test_torch_compile_fullgraph_training_step():
             assert_close_to_ref(grads[param], ref64_grads[param], same_grads[param], name=param)
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 2
+    # a mask the layout cannot express is still rejected inside the compiled graph
+    ids, mask = prompt("left")
+    holes = mask.clone()
+    holes[1, 5] = 0
+    model.set_attn_implementation("attn_ops")  # logits() / gradients() left it at "eager"
+    with pytest.raises(RuntimeError, match="one contiguous run"):
+        compiled(ids, attention_mask=holes, labels=labels_for(ids, holes))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -150,10 +150,12 @@ def _check_no_breaks(mask_function, batch_size: int, q_pos: Tensor, q_real: Tens
 
 
 def _require(ok: Tensor, message: str) -> None:
-    """Raise ValueError(message) unless the bool scalar ``ok`` is True (a runtime assert when
-    traced)."""
+    """Raise ValueError(message) unless the bool scalar ``ok`` is True. Traced (torch.compile), a
+    runtime assert in the graph instead: RuntimeError(message) on the CPU, a device-side assert on
+    CUDA, and no host synchronization. (Not torch._check_tensor_all: torch 2.11's dynamo cannot
+    trace it, and 2.14's drops the message.)"""
     if is_tracing(ok):
-        torch._check_tensor_all(ok, lambda: message)
+        torch._assert_async(ok, message)
     elif not bool(ok):
         raise ValueError(message)
 

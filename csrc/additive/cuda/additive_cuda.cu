@@ -215,7 +215,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> additive_attention_ba
     });
   }
   const c10::ScalarType dtype = qp.scalar_type();
-  return {dqp.to(dtype), dkp.to(dtype), dw_rows.sum({0, 1}).to(dtype), dv.to(dtype)};
+  return {dqp.to(dtype), dkp.to(dtype), dw_rows.sum(at::IntArrayRef{0, 1}).to(dtype), dv.to(dtype)};
 }
 
 }  // namespace
