@@ -35,10 +35,10 @@ constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
 
 template <typename acc_t>
 struct BackwardScratch {
-  std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, dq, k, v, dk, dv, k_t, v_t;
+  std::vector<acc_t> q, dout, lse, delta, scores, probs, dscores, k, v, dk, dv, k_t, v_t;
   BackwardScratch(int64_t rows, int64_t dqk, int64_t dv_dim)
       : q(rows * dqk), dout(rows * dv_dim), lse(rows), delta(rows), scores(rows * kKeyBlock),
-        probs(rows * kKeyBlock), dscores(rows * kKeyBlock), dq(rows * dqk), k(kKeyBlock * dqk),
+        probs(rows * kKeyBlock), dscores(rows * kKeyBlock), k(kKeyBlock * dqk),
         v(kKeyBlock * dv_dim), dk(kKeyBlock * dqk), dv(kKeyBlock * dv_dim), k_t(dqk * kKeyBlock),
         v_t(dv_dim * kKeyBlock) {}
 };
@@ -67,8 +67,6 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
                     const acc_t* dlse, const SeqLayout& lse_layout, scalar_t* dq, const SeqLayout& dq_layout,
                     scalar_t* dk, const SeqLayout& dk_layout, scalar_t* dv, const SeqLayout& dv_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
-  const int64_t block_positions = std::max<int64_t>(1, kBackwardRows / G);
-  const int64_t max_rows = block_positions * G;
   const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
   const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
 
@@ -119,7 +117,7 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
   // One split of float32 / float64 accumulates into dq itself (the items' rows are disjoint): no
   // buffer the size of dq, which is most of the backward's memory beyond its inputs at long lengths.
   constexpr bool same_type = std::is_same_v<scalar_t, acc_t>;
-  const bool direct = same_type && splits == 1;
+  const bool direct = same_type && splits == 1 && blas_ld_ok(dq_layout.seq_stride, Dqk);
   // [splits, total_q, Hq, Dqk]
   std::vector<acc_t> dq_partial(direct ? 0 : splits * p.total_q * Hq * Dqk, acc_t(0));
   // The dQ accumulator of (sequence b, position i, head h) in split `split`.
@@ -137,7 +135,7 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
 
   parallel_items(
       p.batch * p.heads_kv * splits, backward_flops,
-      [&] { return BackwardScratch<acc_t>(max_rows, Dqk, Dv); },
+      [&] { return BackwardScratch<acc_t>(kBackwardRows, Dqk, Dv); },
       [&](int64_t item, BackwardScratch<acc_t>& s) {
         const int64_t split = item % splits, g = (item / splits) % p.heads_kv, b = item / (splits * p.heads_kv);
         const int64_t Tk = p.len_k[b];
@@ -153,23 +151,26 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
           fill_row(s.dv.data(), n * Dv, acc_t(0));
 
           const int64_t i_first = p.query_first(b, k0), i_last = p.query_last(b, k0 + n - 1);
-          for (int64_t i0 = i_first; i0 <= i_last; i0 += block_positions) {
-            const int64_t rows = std::min(block_positions, i_last + 1 - i0) * G;
-            // Row r is query position i0 + r / G of head g * G + r % G.
+          // One query head of the group at a time: its rows (positions i0 ..) are equally spaced, so float32 /
+          // float64 Q and dO are read in place and dQ is accumulated where it lives, no copies.
+          for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+          for (int64_t i0 = i_first; i0 <= i_last; i0 += kBackwardRows) {
+            const int64_t rows = std::min(kBackwardRows, i_last + 1 - i0);  // row r: position i0 + r of head h
+            int64_t ldq = 0, ldo = 0;
+            const acc_t* qt = load_key_tile(q + q_layout.at(b, i0, h), q_layout.seq_stride, rows, Dqk, s.q.data(), &ldq);
+            const acc_t* dot =
+                load_key_tile(dout + dout_layout.at(b, i0, h), dout_layout.seq_stride, rows, Dv, s.dout.data(), &ldo);
             for (int64_t r = 0; r < rows; ++r) {
-              const int64_t pos = i0 + r / G, h = g * G + r % G;
-              convert_row(q + q_layout.at(b, pos, h), s.q.data() + r * Dqk, Dqk);
-              convert_row(dout + dout_layout.at(b, pos, h), s.dout.data() + r * Dv, Dv);
-              s.lse[r] = lse[lse_layout.at(b, pos, h)];
-              s.delta[r] = delta[(p.token_q[b] + pos) * Hq + h];
+              s.lse[r] = lse[lse_layout.at(b, i0 + r, h)];
+              s.delta[r] = delta[(p.token_q[b] + i0 + r) * Hq + h];
             }
             // scores[rows, n] = scale * Q K^T, soft-capped; probs = exp(scores - lse) on visible keys.
-            gemm<acc_t>(false, false, rows, n, Dqk, scale, s.q.data(), Dqk, s.k_t.data(), kKeyBlock, acc_t(0),
+            gemm<acc_t>(false, false, rows, n, Dqk, scale, qt, ldq, s.k_t.data(), kKeyBlock, acc_t(0),
                         s.scores.data(), kKeyBlock);
             for (int64_t r = 0; r < rows; ++r) {
               acc_t* srow = s.scores.data() + r * kKeyBlock;
               acc_t* prow = s.probs.data() + r * kKeyBlock;
-              const int64_t pos = i0 + r / G;
+              const int64_t pos = i0 + r;
               const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
               const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
               fill_row(prow, n, acc_t(0));
@@ -183,24 +184,22 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
               exp_shift_sum(prow + lo, hi - lo + 1, s.lse[r]);
             }
             // dV[n, Dv] += P^T dO ; dP[rows, n] = dO V^T
-            gemm<acc_t>(true, false, n, Dv, rows, acc_t(1), s.probs.data(), kKeyBlock, s.dout.data(), Dv, acc_t(1),
-                        s.dv.data(), Dv);
-            gemm<acc_t>(false, false, rows, n, Dv, acc_t(1), s.dout.data(), Dv, s.v_t.data(), kKeyBlock, acc_t(0),
+            gemm<acc_t>(true, false, n, Dv, rows, acc_t(1), s.probs.data(), kKeyBlock, dot, ldo, acc_t(1), s.dv.data(),
+                        Dv);
+            gemm<acc_t>(false, false, rows, n, Dv, acc_t(1), dot, ldo, s.v_t.data(), kKeyBlock, acc_t(0),
                         s.dscores.data(), kKeyBlock);
             // dS = P * (dP - delta), times d(softcap)/d(logit) = 1 - tanh^2 when capped.
             for (int64_t r = 0; r < rows; ++r) {
               logit_grad_row(s.probs.data() + r * kKeyBlock, s.scores.data() + r * kKeyBlock,
                              s.dscores.data() + r * kKeyBlock, n, s.delta[r], softcap);
             }
-            // dK[n, Dqk] += scale * dS^T Q ; dQ[rows, Dqk] = scale * dS K
-            gemm<acc_t>(true, false, n, Dqk, rows, scale, s.dscores.data(), kKeyBlock, s.q.data(), Dqk, acc_t(1),
-                        s.dk.data(), Dqk);
-            gemm<acc_t>(false, false, rows, Dqk, n, scale, s.dscores.data(), kKeyBlock, kt, ldk, acc_t(0),
-                        s.dq.data(), Dqk);
-            for (int64_t r = 0; r < rows; ++r) {
-              const int64_t pos = i0 + r / G, h = g * G + r % G;
-              add_row(dq_row(b, pos, h, split), s.dq.data() + r * Dqk, Dqk);
-            }
+            // dK[n, Dqk] += scale * dS^T Q ; dQ[rows, Dqk] += scale * dS K (rows Hq * Dqk apart in the split's
+            // buffer, or dq's own rows)
+            gemm<acc_t>(true, false, n, Dqk, rows, scale, s.dscores.data(), kKeyBlock, qt, ldq, acc_t(1), s.dk.data(),
+                        Dqk);
+            gemm<acc_t>(false, false, rows, Dqk, n, scale, s.dscores.data(), kKeyBlock, kt, ldk, acc_t(1),
+                        dq_row(b, i0, h, split), direct ? dq_layout.seq_stride : Hq * Dqk);
+          }
           }
           for (int64_t j = 0; j < n; ++j) {
             convert_row(s.dk.data() + j * Dqk, dk + dk_layout.at(b, k0 + j, g), Dqk);

@@ -206,13 +206,18 @@ inline void logit_grad_row(const T* p, const T* s, T* ds, int64_t n, T delta, T 
   }
 }
 
+// Whether rows `ld` values apart, each `cols` long, are a matrix a 32-bit BLAS takes in place.
+inline bool blas_ld_ok(int64_t ld, int64_t cols) {
+  return ld >= cols && ld <= std::numeric_limits<int>::max();
+}
+
 // A tile of n consecutive keys of one head as a row-major [n, dim] matrix of acc_t: the tensor itself
 // when its type and row stride allow a BLAS operand, else a converted copy in `buffer`. Sets *ld.
 template <typename scalar_t, typename acc_t>
 const acc_t* load_key_tile(const scalar_t* src, int64_t seq_stride, int64_t n, int64_t dim, acc_t* buffer,
                            int64_t* ld) {
   if constexpr (std::is_same_v<scalar_t, acc_t>) {
-    if (seq_stride >= dim && seq_stride <= std::numeric_limits<int>::max()) {  // a valid 32-bit BLAS ld
+    if (blas_ld_ok(seq_stride, dim)) {
       *ld = seq_stride;
       return src;
     }
