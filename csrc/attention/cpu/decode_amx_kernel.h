@@ -57,10 +57,29 @@ struct TileAt {
 };
 
 // C(m, n) (+)= sum over s < steps of A(m, s) B(n, s) for an MB x NB block of output tiles from (m0, n0);
+// One step of a 1 x N or N x 1 block, whose N products share one operand: C(i) += A B for i < N, with the
+// shared operand (A when kSharedIsA, else B) loaded once and other(i) the tile of the other one. Tiles: the
+// shared A in 4 and the B operands alternating in 5 and 6, or the shared B in 6 and the A operands
+// alternating in 4 and 5 (a load overlaps the previous product); C(i) in i.
+template <int N, bool kSharedIsA, typename FO>
+inline void shared_operand_step(const TileAt& shared, const FO& other) {
+  constexpr int kShared = kSharedIsA ? 4 : 6, kFirstOther = kSharedIsA ? 5 : 4;
+  tile_load<kShared>(shared.p, shared.ld);
+  unroll<N>([&](auto i) {
+    constexpr int I = decltype(i)::value, kOther = kFirstOther + I % 2;
+    const TileAt t = other(I);
+    tile_load<kOther>(t.p, t.ld);
+    if constexpr (kSharedIsA) {
+      tile_dot_bf16<I, kShared, kOther>();
+    } else {
+      tile_dot_bf16<I, kOther, kShared>();
+    }
+  });
+}
+
 // a(m, s) / b(n, s) / c(m, n) locate the tiles (TileAt), accumulate: C starts from memory, else from zero.
-// Tile registers: C(m, n) in m * NB + n (at most 4); 1 x NB: A in 4, B alternating in 5 and 6 (a load
-// overlaps the previous product); MB x 1: B in 6, A alternating in 4 and 5; 2 x 2: A in 4, 5, B in 6, 7
-// (each operand load feeds two products).
+// Tile registers: C(m, n) in m * NB + n (at most 4); 1 x NB and MB x 1: shared_operand_step's; 2 x 2: A in
+// 4, 5, B in 6, 7 (each operand load feeds two products).
 template <int MB, int NB, typename FA, typename FB, typename FC>
 inline void tile_block(int64_t m0, int64_t n0, int64_t steps, const FA& a, const FB& b, const FC& c,
                        bool accumulate) {
@@ -76,23 +95,9 @@ inline void tile_block(int64_t m0, int64_t n0, int64_t steps, const FA& a, const
   });
   for (int64_t s = 0; s < steps; ++s) {
     if constexpr (MB == 1) {
-      const TileAt ta = a(m0, s);
-      tile_load<4>(ta.p, ta.ld);
-      unroll<NB>([&](auto i) {
-        constexpr int N = decltype(i)::value;
-        const TileAt tb = b(n0 + N, s);
-        tile_load<5 + N % 2>(tb.p, tb.ld);
-        tile_dot_bf16<N, 4, 5 + N % 2>();
-      });
+      shared_operand_step<NB, true>(a(m0, s), [&](int n) { return b(n0 + n, s); });
     } else if constexpr (NB == 1) {
-      const TileAt tb = b(n0, s);
-      tile_load<6>(tb.p, tb.ld);
-      unroll<MB>([&](auto i) {
-        constexpr int M = decltype(i)::value;
-        const TileAt ta = a(m0 + M, s);
-        tile_load<4 + M % 2>(ta.p, ta.ld);
-        tile_dot_bf16<M, 4 + M % 2, 6>();
-      });
+      shared_operand_step<MB, false>(b(n0, s), [&](int m) { return a(m0 + m, s); });
     } else {
       const TileAt a0 = a(m0, s), a1 = a(m0 + 1, s), b0 = b(n0, s), b1 = b(n0 + 1, s);
       tile_load<4>(a0.p, a0.ld);
