@@ -29,7 +29,7 @@
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 namespace {
 
-constexpr int64_t kBackwardRows = 128;  // query rows (positions x group heads) per tile
+constexpr int64_t kBackwardRows = 128;  // query rows (positions of one head) per tile
 constexpr int64_t kKeyBlock = 128;    // keys per block
 constexpr int64_t kMaxDqBufferBytes = int64_t(1) << 30;
 
@@ -129,6 +129,8 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
     }
     return dq_partial.data() + ((split * p.total_q + p.token_q[b] + i) * Hq + h) * Dqk;
   };
+  // The distance between dq_row(b, i, h, split) and dq_row(b, i + 1, h, split).
+  const int64_t dq_position_stride = direct ? dq_layout.seq_stride : Hq * Dqk;
   if (direct) {
     for_each_query_row([&](int64_t b, int64_t i, int64_t h, int64_t) { fill_row(dq_row(b, i, h), Dqk, acc_t(0)); });
   }
@@ -154,52 +156,52 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
           // One query head of the group at a time: its rows (positions i0 ..) are equally spaced, so float32 /
           // float64 Q and dO are read in place and dQ is accumulated where it lives, no copies.
           for (int64_t h = g * G; h < (g + 1) * G; ++h) {
-          for (int64_t i0 = i_first; i0 <= i_last; i0 += kBackwardRows) {
-            const int64_t rows = std::min(kBackwardRows, i_last + 1 - i0);  // row r: position i0 + r of head h
-            int64_t ldq = 0, ldo = 0;
-            const acc_t* qt = load_key_tile(q + q_layout.at(b, i0, h), q_layout.seq_stride, rows, Dqk, s.q.data(), &ldq);
-            const acc_t* dot =
-                load_key_tile(dout + dout_layout.at(b, i0, h), dout_layout.seq_stride, rows, Dv, s.dout.data(), &ldo);
-            for (int64_t r = 0; r < rows; ++r) {
-              s.lse[r] = lse[lse_layout.at(b, i0 + r, h)];
-              s.delta[r] = delta[(p.token_q[b] + i0 + r) * Hq + h];
-            }
-            // scores[rows, n] = scale * Q K^T, soft-capped; probs = exp(scores - lse) on visible keys.
-            gemm<acc_t>(false, false, rows, n, Dqk, scale, qt, ldq, s.k_t.data(), kKeyBlock, acc_t(0),
-                        s.scores.data(), kKeyBlock);
-            for (int64_t r = 0; r < rows; ++r) {
-              acc_t* srow = s.scores.data() + r * kKeyBlock;
-              acc_t* prow = s.probs.data() + r * kKeyBlock;
-              const int64_t pos = i0 + r;
-              const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
-              const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
-              fill_row(prow, n, acc_t(0));
-              if (lo > hi || s.lse[r] == neg_inf) {
-                continue;
+            for (int64_t i0 = i_first; i0 <= i_last; i0 += kBackwardRows) {
+              const int64_t rows = std::min(kBackwardRows, i_last + 1 - i0);  // row r: position i0 + r of head h
+              int64_t ldq = 0, ldo = 0;
+              const acc_t* qt =
+                  load_key_tile(q + q_layout.at(b, i0, h), q_layout.seq_stride, rows, Dqk, s.q.data(), &ldq);
+              const acc_t* dot =
+                  load_key_tile(dout + dout_layout.at(b, i0, h), dout_layout.seq_stride, rows, Dv, s.dout.data(), &ldo);
+              for (int64_t r = 0; r < rows; ++r) {
+                s.lse[r] = lse[lse_layout.at(b, i0 + r, h)];
+                s.delta[r] = delta[(p.token_q[b] + i0 + r) * Hq + h];
               }
-              if (softcap > 0) {
-                softcap_row(srow + lo, hi - lo + 1, softcap);
+              // scores[rows, n] = scale * Q K^T, soft-capped; probs = exp(scores - lse) on visible keys.
+              gemm<acc_t>(false, false, rows, n, Dqk, scale, qt, ldq, s.k_t.data(), kKeyBlock, acc_t(0),
+                          s.scores.data(), kKeyBlock);
+              for (int64_t r = 0; r < rows; ++r) {
+                acc_t* srow = s.scores.data() + r * kKeyBlock;
+                acc_t* prow = s.probs.data() + r * kKeyBlock;
+                const int64_t pos = i0 + r;
+                const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
+                const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
+                fill_row(prow, n, acc_t(0));
+                if (lo > hi || s.lse[r] == neg_inf) {
+                  continue;
+                }
+                if (softcap > 0) {
+                  softcap_row(srow + lo, hi - lo + 1, softcap);
+                }
+                std::copy(srow + lo, srow + hi + 1, prow + lo);
+                exp_shift_sum(prow + lo, hi - lo + 1, s.lse[r]);
               }
-              std::copy(srow + lo, srow + hi + 1, prow + lo);
-              exp_shift_sum(prow + lo, hi - lo + 1, s.lse[r]);
+              // dV[n, Dv] += P^T dO ; dP[rows, n] = dO V^T
+              gemm<acc_t>(true, false, n, Dv, rows, acc_t(1), s.probs.data(), kKeyBlock, dot, ldo, acc_t(1),
+                          s.dv.data(), Dv);
+              gemm<acc_t>(false, false, rows, n, Dv, acc_t(1), dot, ldo, s.v_t.data(), kKeyBlock, acc_t(0),
+                          s.dscores.data(), kKeyBlock);
+              // dS = P * (dP - delta), times d(softcap)/d(logit) = 1 - tanh^2 when capped.
+              for (int64_t r = 0; r < rows; ++r) {
+                logit_grad_row(s.probs.data() + r * kKeyBlock, s.scores.data() + r * kKeyBlock,
+                               s.dscores.data() + r * kKeyBlock, n, s.delta[r], softcap);
+              }
+              // dK[n, Dqk] += scale * dS^T Q ; dQ[rows, Dqk] += scale * dS K, where dq_row keeps it
+              gemm<acc_t>(true, false, n, Dqk, rows, scale, s.dscores.data(), kKeyBlock, qt, ldq, acc_t(1),
+                          s.dk.data(), Dqk);
+              gemm<acc_t>(false, false, rows, Dqk, n, scale, s.dscores.data(), kKeyBlock, kt, ldk, acc_t(1),
+                          dq_row(b, i0, h, split), dq_position_stride);
             }
-            // dV[n, Dv] += P^T dO ; dP[rows, n] = dO V^T
-            gemm<acc_t>(true, false, n, Dv, rows, acc_t(1), s.probs.data(), kKeyBlock, dot, ldo, acc_t(1), s.dv.data(),
-                        Dv);
-            gemm<acc_t>(false, false, rows, n, Dv, acc_t(1), dot, ldo, s.v_t.data(), kKeyBlock, acc_t(0),
-                        s.dscores.data(), kKeyBlock);
-            // dS = P * (dP - delta), times d(softcap)/d(logit) = 1 - tanh^2 when capped.
-            for (int64_t r = 0; r < rows; ++r) {
-              logit_grad_row(s.probs.data() + r * kKeyBlock, s.scores.data() + r * kKeyBlock,
-                             s.dscores.data() + r * kKeyBlock, n, s.delta[r], softcap);
-            }
-            // dK[n, Dqk] += scale * dS^T Q ; dQ[rows, Dqk] += scale * dS K (rows Hq * Dqk apart in the split's
-            // buffer, or dq's own rows)
-            gemm<acc_t>(true, false, n, Dqk, rows, scale, s.dscores.data(), kKeyBlock, qt, ldq, acc_t(1), s.dk.data(),
-                        Dqk);
-            gemm<acc_t>(false, false, rows, Dqk, n, scale, s.dscores.data(), kKeyBlock, kt, ldk, acc_t(1),
-                        dq_row(b, i0, h, split), direct ? dq_layout.seq_stride : Hq * Dqk);
-          }
           }
           for (int64_t j = 0; j < n; ++j) {
             convert_row(s.dk.data() + j * Dqk, dk + dk_layout.at(b, k0 + j, g), Dqk);
