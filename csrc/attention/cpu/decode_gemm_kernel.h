@@ -74,30 +74,52 @@ constexpr int kPvVecs = 6;       // ... times 6 vectors of 16 values: 24 accumul
 // scores[r * lds + j] = sum_d keys[j][d] * qt[d * hp + r] for KB keys and the rows r < rows of HB vectors:
 // each key value is broadcast into one FMA per vector of rows, so the keys are read once, in place, and Q
 // stays in L1 (qt: Q^T, [dim, hp], hp = gemm_rows_padded(rows) >= whole vectors, zero past rows).
+// The registers sum kScoreChunk dims at a time and each chunk's sums are added into `total` (L1): one chain
+// of 576 FMAs per score (MLA's key rows) had 2-4x the rounding error of the BLAS's dot products, whose sums
+// are blocked the same way; the extra adds are one per kScoreChunk FMAs.
+constexpr int64_t kScoreChunk = 64;
 template <int KB, int HB>
 inline void fma_scores_block(const float* qt, int64_t hp, int64_t dim, const float* const* keys, int64_t rows,
                              float* s, int64_t lds) {
   constexpr int64_t W = Vec<float>::size();
-  Vec<float> acc[KB][HB];
+  Vec<float> total[KB][HB];
   ATTN_OPS_UNROLL
   for (int j = 0; j < KB; ++j) {
     ATTN_OPS_UNROLL
     for (int i = 0; i < HB; ++i) {
-      acc[j][i] = Vec<float>(0.f);
+      total[j][i] = Vec<float>(0.f);
     }
   }
-  for (int64_t d = 0; d < dim; ++d) {
-    Vec<float> qv[HB];
+  for (int64_t d0 = 0; d0 < dim; d0 += kScoreChunk) {
+    Vec<float> acc[KB][HB];
     ATTN_OPS_UNROLL
-    for (int i = 0; i < HB; ++i) {
-      qv[i] = Vec<float>::loadu(qt + d * hp + i * W);
+    for (int j = 0; j < KB; ++j) {
+      ATTN_OPS_UNROLL
+      for (int i = 0; i < HB; ++i) {
+        acc[j][i] = Vec<float>(0.f);
+      }
+    }
+    const int64_t d_end = std::min(dim, d0 + kScoreChunk);
+    for (int64_t d = d0; d < d_end; ++d) {
+      Vec<float> qv[HB];
+      ATTN_OPS_UNROLL
+      for (int i = 0; i < HB; ++i) {
+        qv[i] = Vec<float>::loadu(qt + d * hp + i * W);
+      }
+      ATTN_OPS_UNROLL
+      for (int j = 0; j < KB; ++j) {
+        const Vec<float> kv(keys[j][d]);
+        ATTN_OPS_UNROLL
+        for (int i = 0; i < HB; ++i) {
+          acc[j][i] = at::vec::fmadd(kv, qv[i], acc[j][i]);
+        }
+      }
     }
     ATTN_OPS_UNROLL
     for (int j = 0; j < KB; ++j) {
-      const Vec<float> kv(keys[j][d]);
       ATTN_OPS_UNROLL
       for (int i = 0; i < HB; ++i) {
-        acc[j][i] = at::vec::fmadd(kv, qv[i], acc[j][i]);
+        total[j][i] = total[j][i] + acc[j][i];
       }
     }
   }
@@ -107,7 +129,7 @@ inline void fma_scores_block(const float* qt, int64_t hp, int64_t dim, const flo
   for (int j = 0; j < KB; ++j) {
     ATTN_OPS_UNROLL
     for (int i = 0; i < HB; ++i) {
-      acc[j][i].store(lanes);
+      total[j][i].store(lanes);
       for (int64_t l = 0; l < W && i * W + l < rows; ++l) {
         s[(i * W + l) * lds + j] = lanes[l];
       }
