@@ -2,13 +2,17 @@
 
 The forward's softmax takes a polynomial exp (exp_no_nan) once a row's max is finite, and the AVX-512 copy
 rounds the bfloat16 probabilities with AVX512-BF16's instruction where the CPU has it (else in integer
-arithmetic). ATTN_OPS_CPU_ISA picks the copy and ATTN_OPS_CPU_AVX512BF16=0 turns the native rounding off,
-both read at every call, so each path runs here: portable, AVX2, AVX-512 with and without AVX512-BF16.
-Head dim 128 with bfloat16 / float16 takes brgemm (AMX) in the AVX-512 copy where the CPU has it; float32
-takes the register-blocked panel micro-kernel (gemm_kernels.h) in the AVX-512 and AVX2 copies once a
-sequence has >= 64 query rows (positions x group heads) and Dv is a multiple of the panel width (32 / 16),
-else MKL's sgemm: the cases below cover both sides, row counts off the 14 / 6-row blocks and key counts off
-the 32 / 16-key panels.
+arithmetic). ATTN_OPS_CPU_ISA picks the copy, ATTN_OPS_CPU_AVX512BF16=0 turns AVX512-BF16 off and
+ATTN_OPS_CPU_AMX=0 turns AMX off, all read at every call, so each path runs here: portable, AVX2, AVX-512
+with and without AVX512-BF16, and AVX512-BF16 without AMX.
+Head dim 128 with bfloat16 / float16 takes brgemm (AMX) in the AVX-512 copy where the CPU has it; bfloat16
+on AVX512-BF16 without AMX takes the panel micro-kernel on bfloat16 pairs (vdpbf16ps) once a sequence has
+>= 64 query rows, Dqk is even and Dv a multiple of 32 (the "avx512_bf16" path on such a CPU,
+"avx512_bf16_noamx" on any AVX512-BF16 CPU); float32 takes the register-blocked panel micro-kernel
+(gemm_kernels.h) in the AVX-512 and AVX2 copies once a sequence has >= 64 query rows (positions x group
+heads) and Dv is a multiple of the panel width (32 / 16), else MKL's sgemm: the cases below cover both
+sides, row counts off the 14 / 6-row blocks, key counts off the 32 / 16-key panels and odd key counts
+(the bfloat16 pairs' zero key).
 """
 
 import pytest
@@ -19,14 +23,15 @@ from cpu_isa_helpers import force_isa
 from kvcache_reference import attention_with_kvcache_ref, kvcache_inputs
 from reference import assert_attention_close_to_ref, assert_close_to_ref, dense_inputs, varlen_inputs
 
-PATHS = ["default", "avx2", "avx512", "avx512_bf16"]
+PATHS = ["default", "avx2", "avx512", "avx512_bf16", "avx512_bf16_noamx"]
 
 
 @pytest.fixture(params=PATHS)
 def path(request, monkeypatch):
-    force_isa(monkeypatch, "avx512" if request.param == "avx512_bf16" else request.param)
-    # avx512_bf16 uses the native rounding only where the CPU has it; plain avx512 never does.
-    monkeypatch.setenv("ATTN_OPS_CPU_AVX512BF16", "1" if request.param == "avx512_bf16" else "0")
+    force_isa(monkeypatch, "avx512" if request.param.startswith("avx512") else request.param)
+    # avx512_bf16* use AVX512-BF16 only where the CPU has it; plain avx512 never does.
+    monkeypatch.setenv("ATTN_OPS_CPU_AVX512BF16", "1" if request.param.startswith("avx512_bf16") else "0")
+    monkeypatch.setenv("ATTN_OPS_CPU_AMX", "0" if request.param == "avx512_bf16_noamx" else "1")
     return request.param
 
 
@@ -84,9 +89,10 @@ def test_nan_and_inf_scores_give_nan_rows(path, dtype, value):
     assert torch.isfinite(out[0][rest]).all() and torch.isfinite(lse[0].T[rest]).all()
 
 
-# (Dqk, Dv): the specialized head dims; 80 is off the AVX-512 panel width (MKL there, panels on AVX2).
+# (Dqk, Dv): the specialized head dims; 80 is off the AVX-512 panel width (MKL there, panels on AVX2);
+# an odd Dqk has no whole bfloat16 pairs (converted to float32 there).
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (192, 128), (256, 256), (80, 80)], ids=str)
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (192, 128), (256, 256), (80, 80), (63, 64)], ids=str)
 def test_head_dims(path, dtype, dims):
     q, k, v = dense_inputs(1, 65, 97, 8, 2, dims[0], dims[1], dtype, "cpu")
     for kw in (dict(causal=True), dict()):

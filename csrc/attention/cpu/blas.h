@@ -2,6 +2,8 @@
 // Called from inside at::parallel_for, where the BLAS runs single-threaded on each worker.
 #pragma once
 
+#include "common/cpu_isa.h"
+
 #include <ATen/native/CPUBlas.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
@@ -49,11 +51,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 }
 
 // Low-precision tile products in the input dtype with float32 accumulation, on PyTorch's brgemm (oneDNN's
-// AMX kernels): available where the CPU runs them (could_pack: AMX for bfloat16, AMX-FP16 for float16).
+// AMX kernels): available where the CPU runs them (could_pack: AMX for bfloat16, AMX-FP16 for float16) and
+// AMX is not turned off (cpu_has_amx_bf16: ATTN_OPS_CPU_AMX=0 or a lower ATTN_OPS_CPU_ISA).
 template <typename scalar_t>
 bool lowp_brgemm_available() {
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, c10::Half>) {
-    return at::native::cpublas::could_pack(c10::CppTypeToScalarType<scalar_t>::value);
+    return at::native::cpublas::could_pack(c10::CppTypeToScalarType<scalar_t>::value) && cpu_has_amx_bf16();
   } else {
     return false;
   }

@@ -15,7 +15,8 @@
 // float32 on the AVX-512 / AVX2 copies (kPanelGemm): both products run on gemm_kernels.h's register-blocked
 // micro-kernel over K^T and V packed once per call in panels (panel_kv.h) instead of MKL's sgemm, which
 // packs its operands again on every tile; elsewhere (and for a left window, whose key ranges do not start
-// on a tile boundary) sgemm.
+// on a tile boundary) sgemm. bfloat16 on an AVX512-BF16 CPU without AMX takes the same micro-kernel on
+// bfloat16 pairs (Bf16PairPanel: vdpbf16ps, float32 accumulation, P rounded to bfloat16 as on brgemm).
 //
 // When there are fewer (sequence, KV head, query block) items than twice the threads (decode: one query
 // per sequence; long single sequences), each item's key range is cut into splits that run in parallel,
@@ -54,11 +55,12 @@ struct WorkItem {
 template <typename scalar_t, typename acc_t>
 struct ForwardScratch {
   std::vector<acc_t> q, scores, acc, row_max, row_sum, k, v;
-  std::vector<scalar_t> q_lowp, p_lowp;  // the brgemm path's operands: Q [rows, Dqk], P [rows, kKeyTile]
-  ForwardScratch(int64_t rows, int64_t dqk, int64_t dv, bool brgemm)
-      : q(brgemm ? 0 : rows * dqk), scores(rows * kKeyTile), acc(rows * dv), row_max(rows), row_sum(rows),
-        k(brgemm ? 0 : kKeyTile * dqk), v(brgemm ? 0 : kKeyTile * dv), q_lowp(brgemm ? rows * dqk : 0),
-        p_lowp(brgemm ? rows * kKeyTile : 0) {}
+  // The operands of the low-precision products (brgemm, bfloat16 pairs): Q [rows, Dqk], P [rows, kKeyTile].
+  std::vector<scalar_t> q_lowp, p_lowp;
+  ForwardScratch(int64_t rows, int64_t dqk, int64_t dv, bool lowp)
+      : q(lowp ? 0 : rows * dqk), scores(rows * kKeyTile), acc(rows * dv), row_max(rows), row_sum(rows),
+        k(lowp ? 0 : kKeyTile * dqk), v(lowp ? 0 : kKeyTile * dv), q_lowp(lowp ? rows * dqk : 0),
+        p_lowp(lowp ? rows * kKeyTile : 0) {}
 };
 
 // A tile of n keys starting at key k0 of sequence b, head h, as a row-major [n, dim] acc_t matrix.
@@ -81,10 +83,20 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
                    const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout, scalar_t* out,
                    const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
-  // The float32 panel path (below) where each packed key serves enough query rows to pay for its packing;
-  // its query tiles hold whole kPanelRows-row blocks where the group allows (252 rows for groups 1, 2, 4).
-  const bool panel_path = kPanelGemm && std::is_same_v<scalar_t, float> && p.window_left < 0 &&
-                          Dv % kPanelWidth == 0 && p.total_q * G >= kPanelMinRows * p.batch;
+  // The brgemm path (AMX) needs every item's keys to start at a tile boundary (no left window: it reads
+  // whole packed tiles from key 0 on); packing needs Dqk even and Dv in whole blocks (packed_kv.h).
+  bool brgemm_applies = false;
+  if constexpr (kBrgemmCopy && !std::is_same_v<scalar_t, acc_t>) {
+    brgemm_applies = p.window_left < 0 && Dqk % 2 == 0 && Dv % kPackBlock == 0 && lowp_brgemm_available<scalar_t>();
+  }
+  // The panel paths (below) where each packed key serves enough query rows to pay for its packing: float32,
+  // and bfloat16 on AVX512-BF16 where brgemm does not apply; their query tiles hold whole kPanelRows-row
+  // blocks where the group allows (252 rows for groups 1, 2, 4).
+  const bool panel_shape = kPanelGemm && p.window_left < 0 && Dv % kPanelWidth == 0 &&
+                           p.total_q * G >= kPanelMinRows * p.batch;
+  const bool pair_path = kBf16PairPanel && std::is_same_v<scalar_t, c10::BFloat16> && panel_shape &&
+                         Dqk % 2 == 0 && !brgemm_applies && cpu_has_avx512bf16();
+  const bool panel_path = (std::is_same_v<scalar_t, float> && panel_shape) || pair_path;
   const int64_t target_rows = panel_path ? kTargetRows / kPanelRows * kPanelRows : kTargetRows;
   const int64_t block_positions = std::max<int64_t>(1, target_rows / G);
   const int64_t max_rows = block_positions * G;
@@ -127,26 +139,30 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
   const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
   const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
 
-  // The brgemm path reads whole packed tiles from key 0 on, so it needs every item's keys to start at a
-  // tile boundary (no left window); packing needs Dqk even and Dv in whole blocks (packed_kv.h).
   std::optional<PackedKV<scalar_t>> packed;
   if constexpr (kBrgemmCopy && !std::is_same_v<scalar_t, acc_t>) {
-    if (p.window_left < 0 && Dqk % 2 == 0 && Dv % kPackBlock == 0 && num_items > 0 &&
-        lowp_brgemm_available<scalar_t>()) {
+    if (brgemm_applies && num_items > 0) {
       packed.emplace(p, kKeyTile, k, k_layout, v, v_layout);
     }
   }
   const bool brgemm = packed.has_value();
-  std::optional<PanelKV> panels;
+  std::optional<PanelKV<FloatPanel>> panels;
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (panel_path && num_items > 0) {
       panels.emplace(p, kKeyTile, k, k_layout, v, v_layout);
     }
   }
+  std::optional<PanelKV<Bf16PairPanel>> pair_panels;
+  if constexpr (kBf16PairPanel && std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (pair_path && num_items > 0) {
+      pair_panels.emplace(p, kKeyTile, k, k_layout, v, v_layout);
+    }
+  }
+  const bool pairs = pair_panels.has_value(), lowp = brgemm || pairs;
   const bool native_bf16 = std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512bf16();
 
   parallel_items(
-      num_items * splits, flops, [&] { return ForwardScratch<scalar_t, acc_t>(max_rows, Dqk, Dv, brgemm); },
+      num_items * splits, flops, [&] { return ForwardScratch<scalar_t, acc_t>(max_rows, Dqk, Dv, lowp); },
       [&](int64_t item_index, ForwardScratch<scalar_t, acc_t>& s) {
         const WorkItem& w = items[item_index / splits];
         const int64_t split = item_index % splits;
@@ -159,7 +175,7 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
         // Row r is query position q_begin + r / G of head g * G + r % G.
         for (int64_t r = 0; r < rows; ++r) {
           const scalar_t* q_row = q + q_layout.at(b, w.q_begin + r / G, g * G + r % G);
-          if (brgemm) {
+          if (lowp) {
             std::copy_n(q_row, Dqk, s.q_lowp.data() + r * Dqk);
           } else {
             convert_row(q_row, s.q.data() + r * Dqk, Dqk);
@@ -171,6 +187,11 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
         if constexpr (std::is_same_v<scalar_t, float>) {
           if (panels) {
             panels->prepare(b, g, k_begin, k_end);
+          }
+        }
+        if constexpr (kBf16PairPanel && std::is_same_v<scalar_t, c10::BFloat16>) {
+          if (pairs) {
+            pair_panels->prepare(b, g, k_begin, k_end);
           }
         }
         fill_row(s.row_max.data(), rows, neg_inf);
@@ -198,15 +219,22 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
                                 scale);
             }
           }
-          if (!brgemm && !panels) {  // scores[rows, n] = scale * Q K^T
+          if constexpr (kBf16PairPanel && std::is_same_v<scalar_t, c10::BFloat16>) {
+            if (pairs) {  // scores[rows, n rounded up to whole panels] = Q K^T, scaled below
+              panel_gemm<false, Bf16PairPanel>(rows, (n + kPanelWidth - 1) / kPanelWidth, Dqk / 2, s.q_lowp.data(),
+                                               Dqk, pair_panels->k_tile(b, g, k0), 2 * kPanelWidth,
+                                               pair_panels->k_panel_stride(), scores, kKeyTile, 1.f);
+            }
+          }
+          if (!lowp && !panels) {  // scores[rows, n] = scale * Q K^T
             int64_t ldk = 0;
             const acc_t* kt = key_tile(k, k_layout, b, k0, n, g, Dqk, s.k.data(), &ldk);
             vt = key_tile(v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
             gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), scores, kKeyTile);
           }
-          // The brgemm path's P: rounded to the input dtype, zero-padded to whole key blocks (few distinct
-          // shapes: brgemm compiles a kernel per shape).
-          const int64_t keys = round_up(n, kPackBlock);
+          // The low-precision paths' P: rounded to the input dtype, zero-padded to whole key blocks (brgemm:
+          // few distinct shapes, as it compiles a kernel per shape) or to whole pairs.
+          const int64_t keys = round_up(n, brgemm ? kPackBlock : 2);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t pos = w.q_begin + r / G;
             const int64_t lo = std::max<int64_t>(p.key_lo(b, pos) - k0, 0);
@@ -214,7 +242,7 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
             acc_t* srow = scores + r * kKeyTile;
             acc_t* acc_row = s.acc.data() + r * Dv;
             if constexpr (!std::is_same_v<scalar_t, acc_t>) {
-              if (brgemm) {
+              if (lowp) {
                 scalar_t* prow = s.p_lowp.data() + r * kKeyTile;
                 if (softcap == 0 && scale > 0) {
                   online_softmax_step_lowp(srow, prow, keys, lo, hi, scale, s.row_max[r], s.row_sum[r], acc_row, Dv,
@@ -245,7 +273,14 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
                                panels->v_panel_stride(), s.acc.data(), Dv, 1.f);
             }
           }
-          if (!brgemm && !panels) {  // acc[rows, Dv] += P V
+          if constexpr (kBf16PairPanel && std::is_same_v<scalar_t, c10::BFloat16>) {
+            if (pairs) {  // acc[rows, Dv] += P V over the key pairs
+              panel_gemm<true, Bf16PairPanel>(rows, Dv / kPanelWidth, keys / 2, s.p_lowp.data(), kKeyTile,
+                                              pair_panels->v_tile(b, g, k0), 2 * kPanelWidth,
+                                              pair_panels->v_panel_stride(), s.acc.data(), Dv, 1.f);
+            }
+          }
+          if (!lowp && !panels) {  // acc[rows, Dv] += P V
             gemm<acc_t>(false, false, rows, Dv, n, acc_t(1), scores, kKeyTile, vt, ldv, acc_t(1), s.acc.data(), Dv);
           }
         }

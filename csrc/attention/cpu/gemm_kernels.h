@@ -1,19 +1,22 @@
-// Register-blocked float32 tile products for the prefill forward (forward_tiles.h), per instruction set
-// (compiled into each copy in the inline namespace CPU_CAPABILITY, as at::vec).
+// Register-blocked tile products for the prefill forward (forward_tiles.h), per instruction set (compiled into
+// each copy in the inline namespace CPU_CAPABILITY, as at::vec): float32 (FloatPanel) and, on AVX512-BF16,
+// bfloat16 pairs with float32 accumulation (Bf16PairPanel).
 //
 // Why not MKL: the forward's products are small (a [256, 128] x [128, 256] score tile, a [256, 256] x
 // [256, 128] P V tile) and sgemm packs its operands on every call. Here the right-hand operand comes
 // pre-arranged in panels of kPanelWidth columns (K^T and V, packed once per call and shared by every query
 // tile and every query head of the KV group: panel_kv.h) and the left-hand one is read in place, one
-// element at a time, broadcast into the FMA. A kPanelRows x kPanelWidth block of C stays in registers for the whole
-// reduction: 14 x 32 floats = 28 zmm on AVX-512 (6 x 16 = 12 ymm on AVX2), two loads of B and one broadcast
-// per two FMAs per row.
+// element (float32) or one pair (bfloat16) at a time, broadcast into the multiply-add. A kPanelRows x
+// kPanelWidth block of C stays in registers for the whole reduction: 14 x 32 floats = 28 zmm on AVX-512
+// (6 x 16 = 12 ymm on AVX2), two loads of B and one broadcast per two multiply-adds per row.
 #pragma once
 
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace attn_ops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -30,11 +33,13 @@ constexpr int kPanelRows = 6;  // 12 accumulators + 2 B vectors + 1 broadcast of
 #endif
 constexpr int64_t kPanelWidth = 2 * at::vec::Vectorized<float>::size();
 
-// C[MR, kPanelWidth] (row stride ldc) = alpha * A B, or C += A B when accumulate (alpha unused then);
-// A [MR, k] row-major (row stride lda), B [k, kPanelWidth] (row stride ldb).
-template <int MR, bool accumulate>
-inline void panel_tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-                       float alpha) {
+// C[MR, kPanelWidth] (row stride ldc) = alpha * A B, or C += A B when accumulate (alpha unused then), for
+// a panel kind (FloatPanel, Bf16PairPanel): A [MR, steps * kStep] row-major (row stride lda) in a_t, B one
+// panel of `steps` rows of kPanelWidth * kStep values (row stride ldb). A step is one broadcast of kStep
+// values of an A row into one multiply-add per vector of the panel row.
+template <typename Panel, int MR, bool accumulate>
+inline void panel_tile(int64_t steps, const typename Panel::a_t* a, int64_t lda, const typename Panel::b_t* b,
+                       int64_t ldb, float* c, int64_t ldc, float alpha) {
   using V = at::vec::Vectorized<float>;
   constexpr int64_t W = V::size();
   V acc[MR][2];
@@ -43,13 +48,13 @@ inline void panel_tile(int64_t k, const float* a, int64_t lda, const float* b, i
     acc[r][0] = accumulate ? V::loadu(c + r * ldc) : V(0.f);
     acc[r][1] = accumulate ? V::loadu(c + r * ldc + W) : V(0.f);
   }
-  for (int64_t i = 0; i < k; ++i) {
-    const V b0 = V::loadu(b + i * ldb), b1 = V::loadu(b + i * ldb + W);
+  for (int64_t i = 0; i < steps; ++i) {
+    const V b0 = Panel::load(b + i * ldb), b1 = Panel::load(b + i * ldb + W * Panel::kStep);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const V ar(a[r * lda + i]);
-      acc[r][0] = at::vec::fmadd(ar, b0, acc[r][0]);
-      acc[r][1] = at::vec::fmadd(ar, b1, acc[r][1]);
+      const typename Panel::a_t* ar = a + r * lda + i * Panel::kStep;
+      acc[r][0] = Panel::multiply_add(ar, b0, acc[r][0]);
+      acc[r][1] = Panel::multiply_add(ar, b1, acc[r][1]);
     }
   }
   const V valpha(alpha);
@@ -60,35 +65,94 @@ inline void panel_tile(int64_t k, const float* a, int64_t lda, const float* b, i
   }
 }
 
+// float32 panels: one value of A per step, B rows of kPanelWidth floats.
+struct FloatPanel {
+  using a_t = float;
+  using b_t = float;
+  static constexpr int64_t kStep = 1;
+  static at::vec::Vectorized<float> load(const float* b) { return at::vec::Vectorized<float>::loadu(b); }
+  static at::vec::Vectorized<float> multiply_add(const float* a, const at::vec::Vectorized<float>& b,
+                                                 const at::vec::Vectorized<float>& acc) {
+    return at::vec::fmadd(at::vec::Vectorized<float>(*a), b, acc);
+  }
+};
+
+// bfloat16 pairs on AVX512-BF16 (only where cpu_has_avx512bf16()): a step is two adjacent values of an A row
+// (one 32-bit broadcast) against a B row of kPanelWidth pairs [kPanelWidth][2], each lane's pair of
+// products summed into its float32 lane by one vdpbf16ps: twice the products of an FMA per instruction (on
+// Zen 4 at the FMA's rate). As inline assembly, like store_lowp, so the AVX-512 copy still loads on
+// AVX-512 CPUs without AVX512-BF16. The A pair is broadcast into a register (a memory operand in the
+// assembly made GCC keep the accumulators in memory, one store per instruction). The
+// other copies have the layout (types, step) but no products (kBf16PairPanel false): the forward's code
+// compiles in every copy and takes this path only in the AVX-512 one.
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+constexpr bool kBf16PairPanel = true;
+#else
+constexpr bool kBf16PairPanel = false;
+#endif
+struct Bf16PairPanel {
+  using a_t = c10::BFloat16;
+  using b_t = c10::BFloat16;
+  static constexpr int64_t kStep = 2;
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+  static at::vec::Vectorized<float> load(const c10::BFloat16* b) { return _mm512_loadu_ps(b); }
+  static at::vec::Vectorized<float> multiply_add(const c10::BFloat16* a, const at::vec::Vectorized<float>& b,
+                                                 const at::vec::Vectorized<float>& acc) {
+    uint32_t pair;
+    std::memcpy(&pair, a, sizeof(pair));
+    __m512 sum = acc;
+    asm("vdpbf16ps %2, %1, %0" : "+v"(sum) : "v"(static_cast<__m512>(b)), "v"(_mm512_set1_epi32(pair)));
+    return sum;
+  }
+  // One step of the V panels from the value rows of two keys (v1 == nullptr: a zero key): dims c .. c + 31
+  // of both, interleaved value by value ([kPanelWidth][2]), to dst + c / kPanelWidth * panel_stride; two
+  // permutes per panel. dv a multiple of kPanelWidth (32).
+  static void interleave_values(const c10::BFloat16* v0, const c10::BFloat16* v1, int64_t dv, c10::BFloat16* dst,
+                                int64_t panel_stride) {
+    static_assert(kPanelWidth == 32);
+    alignas(64) static constexpr uint16_t kLow[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                      8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i low = _mm512_load_si512(kLow), high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+    for (int64_t c = 0; c < dv; c += kPanelWidth, dst += panel_stride) {
+      const __m512i x0 = _mm512_loadu_si512(v0 + c);
+      const __m512i x1 = v1 != nullptr ? _mm512_loadu_si512(v1 + c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(x0, low, x1));
+      _mm512_storeu_si512(dst + kPanelWidth, _mm512_permutex2var_epi16(x0, high, x1));
+    }
+  }
+#endif
+};
+
 // panel_tile for any row count 1 <= rows <= kPanelRows (the last row block of a tile).
-template <bool accumulate, int MR = kPanelRows>
-inline void panel_tile_rows(int64_t rows, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                            float* c, int64_t ldc, float alpha) {
+template <typename Panel, bool accumulate, int MR = kPanelRows>
+inline void panel_tile_rows(int64_t rows, int64_t steps, const typename Panel::a_t* a, int64_t lda,
+                            const typename Panel::b_t* b, int64_t ldb, float* c, int64_t ldc, float alpha) {
   if constexpr (MR > 0) {
     if (rows == MR) {
-      panel_tile<MR, accumulate>(k, a, lda, b, ldb, c, ldc, alpha);
+      panel_tile<Panel, MR, accumulate>(steps, a, lda, b, ldb, c, ldc, alpha);
     } else {
-      panel_tile_rows<accumulate, MR - 1>(rows, k, a, lda, b, ldb, c, ldc, alpha);
+      panel_tile_rows<Panel, accumulate, MR - 1>(rows, steps, a, lda, b, ldb, c, ldc, alpha);
     }
   }
 }
 
-// C[m, panels * kPanelWidth] (row stride ldc) = alpha * A B, or C += A B when accumulate; A [m, k] row-major
-// (row stride lda), B given as `panels` column panels [k, kPanelWidth] (row stride ldb) of which panel j
-// starts at b + j * panel_stride. Panel-outer: one panel of B stays in L1 while every row block of A
-// streams past it.
-template <bool accumulate>
-inline void panel_gemm(int64_t m, int64_t panels, int64_t k, const float* a, int64_t lda, const float* b,
-                       int64_t ldb, int64_t panel_stride, float* c, int64_t ldc, float alpha) {
+// C[m, panels * kPanelWidth] (row stride ldc) = alpha * A B, or C += A B when accumulate; A [m, steps *
+// kStep] row-major (row stride lda), B given as `panels` column panels of `steps` rows (row stride ldb) of
+// which panel j starts at b + j * panel_stride (Panel: FloatPanel, the default, or Bf16PairPanel).
+// Panel-outer: one panel of B stays in L1 while every row block of A streams past it.
+template <bool accumulate, typename Panel = FloatPanel>
+inline void panel_gemm(int64_t m, int64_t panels, int64_t steps, const typename Panel::a_t* a, int64_t lda,
+                       const typename Panel::b_t* b, int64_t ldb, int64_t panel_stride, float* c, int64_t ldc,
+                       float alpha) {
   for (int64_t j = 0; j < panels; ++j) {
-    const float* bj = b + j * panel_stride;
+    const typename Panel::b_t* bj = b + j * panel_stride;
     float* cj = c + j * kPanelWidth;
     int64_t r = 0;
     for (; r + kPanelRows <= m; r += kPanelRows) {
-      panel_tile<kPanelRows, accumulate>(k, a + r * lda, lda, bj, ldb, cj + r * ldc, ldc, alpha);
+      panel_tile<Panel, kPanelRows, accumulate>(steps, a + r * lda, lda, bj, ldb, cj + r * ldc, ldc, alpha);
     }
     if (r < m) {
-      panel_tile_rows<accumulate>(m - r, k, a + r * lda, lda, bj, ldb, cj + r * ldc, ldc, alpha);
+      panel_tile_rows<Panel, accumulate>(m - r, steps, a + r * lda, lda, bj, ldb, cj + r * ldc, ldc, alpha);
     }
   }
 }
