@@ -1,8 +1,10 @@
 // decode_rows_gemm: the decode row kernel for many query rows per KV head (MLA's heads, large GQA groups),
-// where each key feeds enough FLOPs that decode is compute-bound. Three ways to multiply a key tile:
+// where each key feeds enough FLOPs that decode is compute-bound. Four ways to multiply a key tile:
 //  - AVX-512, float32 accumulation: register-blocked FMA micro-kernels that read the tile where it lies, no
 //    packing (fma_scores_block / fma_values), on float32 rows or on a float32 copy of a low-precision tile;
 //  - AVX-512 with AMX-BF16, bfloat16 (decode_amx_kernel.h): both products on the tile registers in bfloat16;
+//  - AVX-512 with AVX512-BF16 (no AMX), bfloat16 (decode_rows_pairs): the same scores kernel on bfloat16
+//    pairs, key rows read in place, and P V on the prefill's panel micro-kernel (gemm_kernels.h);
 //  - elsewhere (AVX2, portable, float64): two GEMMs per tile on the vendor BLAS.
 //
 // Included by decode_isa_*.cpp after decode_kernel.h (whose decode_tiles loop, blocking helpers and
@@ -11,6 +13,7 @@
 
 #include "attention/cpu/decode_amx_kernel.h"
 #include "attention/cpu/decode_kernel.h"
+#include "attention/cpu/gemm_kernels.h"
 
 namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
 namespace {
@@ -71,17 +74,19 @@ constexpr int kScoreKeys = 12;   // ... times 12 keys: 24 accumulators + 2 Q vec
 constexpr int kPvRows = 4;       // P V: 4 rows ...
 constexpr int kPvVecs = 6;       // ... times 6 vectors of 16 values: 24 accumulators, 6 value vectors
 
-// scores[r * lds + j] = sum_d keys[j][d] * qt[d * hp + r] for KB keys and the rows r < rows of HB vectors:
-// each key value is broadcast into one FMA per vector of rows, so the keys are read once, in place, and Q
-// stays in L1 (qt: Q^T, [dim, hp], hp = gemm_rows_padded(rows) >= whole vectors, zero past rows).
+// scores[r * lds + j] = sum_d keys[j][d] * Q[r][d] for KB keys and the rows r < rows of HB vectors, per
+// Panel (gemm_kernels.h) step of S = Panel::kStep dims: each key's S values are broadcast into one
+// multiply-add per vector of rows (FloatPanel: an FMA; Bf16PairPanel: vdpbf16ps on a pair), so the keys are
+// read once, in place, and Q stays in L1 (qt: Q^T in steps, [dim / S, hp, S], hp = gemm_rows_padded(rows)
+// >= whole vectors, zero past rows).
 // The registers sum kScoreChunk dims at a time and each chunk's sums are added into `total` (L1): one chain
 // of 576 FMAs per score (MLA's key rows) had 2-4x the rounding error of the BLAS's dot products, whose sums
-// are blocked the same way; the extra adds are one per kScoreChunk FMAs.
+// are blocked the same way; the extra adds are one per kScoreChunk dims.
 constexpr int64_t kScoreChunk = 64;
-template <int KB, int HB>
-inline void fma_scores_block(const float* qt, int64_t hp, int64_t dim, const float* const* keys, int64_t rows,
-                             float* s, int64_t lds) {
-  constexpr int64_t W = Vec<float>::size();
+template <typename Panel, int KB, int HB>
+inline void fma_scores_block(const typename Panel::b_t* qt, int64_t hp, int64_t dim,
+                             const typename Panel::a_t* const* keys, int64_t rows, float* s, int64_t lds) {
+  constexpr int64_t W = Vec<float>::size(), S = Panel::kStep;
   Vec<float> total[KB][HB];
   ATTN_OPS_UNROLL
   for (int j = 0; j < KB; ++j) {
@@ -100,18 +105,17 @@ inline void fma_scores_block(const float* qt, int64_t hp, int64_t dim, const flo
       }
     }
     const int64_t d_end = std::min(dim, d0 + kScoreChunk);
-    for (int64_t d = d0; d < d_end; ++d) {
+    for (int64_t d = d0; d < d_end; d += S) {
       Vec<float> qv[HB];
       ATTN_OPS_UNROLL
       for (int i = 0; i < HB; ++i) {
-        qv[i] = Vec<float>::loadu(qt + d * hp + i * W);
+        qv[i] = Panel::load(qt + (d / S * hp + i * W) * S);
       }
       ATTN_OPS_UNROLL
       for (int j = 0; j < KB; ++j) {
-        const Vec<float> kv(keys[j][d]);
         ATTN_OPS_UNROLL
         for (int i = 0; i < HB; ++i) {
-          acc[j][i] = at::vec::fmadd(kv, qv[i], acc[j][i]);
+          acc[j][i] = Panel::multiply_add(keys[j] + d, qv[i], acc[j][i]);
         }
       }
     }
@@ -137,11 +141,13 @@ inline void fma_scores_block(const float* qt, int64_t hp, int64_t dim, const flo
   }
 }
 
-// scores[rows, n] (row stride lds) = Q K^T over the n key rows at keys[j] (float32, anywhere in memory);
-// prefetch(j0, len) is called before each block of keys j0 .. j0 + len - 1 (the caller's next tile).
-template <typename Prefetch>
-inline void fma_scores(const float* qt, int64_t rows, int64_t dim, const float* const* keys, int64_t n, float* s,
-                       int64_t lds, const Prefetch& prefetch) {
+// scores[rows, n] (row stride lds) = Q K^T over the n key rows at keys[j] (anywhere in memory; qt as
+// fma_scores_block's); prefetch(j0, len) is called before each block of keys j0 .. j0 + len - 1 (the
+// caller's next tile).
+template <typename Panel, typename Prefetch>
+inline void fma_scores(const typename Panel::b_t* qt, int64_t rows, int64_t dim,
+                       const typename Panel::a_t* const* keys, int64_t n, float* s, int64_t lds,
+                       const Prefetch& prefetch) {
   constexpr int64_t W = Vec<float>::size();
   const int64_t vecs = (rows + W - 1) / W, hp = gemm_rows_padded(rows);
   for (int64_t v0 = 0; v0 < vecs; v0 += kHeadVecs) {
@@ -151,8 +157,8 @@ inline void fma_scores(const float* qt, int64_t rows, int64_t dim, const float* 
           if (v0 == 0) {
             prefetch(j0, decltype(kb)::value);
           }
-          fma_scores_block<decltype(kb)::value, decltype(hb)::value>(qt + v0 * W, hp, dim, keys + j0,
-                                                                     rows - v0 * W, s + v0 * W * lds + j0, lds);
+          fma_scores_block<Panel, decltype(kb)::value, decltype(hb)::value>(
+              qt + v0 * W * Panel::kStep, hp, dim, keys + j0, rows - v0 * W, s + v0 * W * lds + j0, lds);
         });
       }
     });
@@ -178,6 +184,20 @@ inline void fma_values(const float* p, int64_t ldp, int64_t rows, const scalar_t
     });
   }
   value_columns_tail(p, ldp, rows, values, n, d_vec, dim_v, out, dim_v);
+}
+
+// fma_scores' prefetch for a tile of n keys whose rows, and the next tile's n_next, a.locate put in a.key_rows /
+// a.value_rows: the next tile's rows (as many as this tile has) into L2, block by block.
+template <typename scalar_t>
+auto next_tile_prefetch(const DecodeRows<scalar_t, float>& a, int64_t n, int64_t n_next) {
+  return [&a, n, n_next](int64_t j0, int64_t len) {
+    for (int64_t j = n + j0; j < std::min(n + j0 + len, n + n_next); ++j) {
+      prefetch_row<1>(a.key_rows[j], a.dim_qk);
+      if (a.value_rows[j] != a.key_rows[j]) {
+        prefetch_row<1>(a.value_rows[j], a.dim_v);
+      }
+    }
+  };
 }
 
 // The FMA micro-kernel path (float32 accumulation): Q^T of every KV head arranged once per call in a.q_t;
@@ -219,22 +239,72 @@ void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
         converted_values[j] = shared ? converted_keys[j] : a.value_tile + j * Dv;
       }
     }
-    // The next tile's rows (as many as this tile has), block by block.
-    const auto prefetch = [&](int64_t j0, int64_t len) {
-      for (int64_t j = n + j0; j < std::min(n + j0 + len, n + n_next); ++j) {
-        prefetch_row<1>(a.key_rows[j], Dqk);
-        if (a.value_rows[j] != a.key_rows[j]) {
-          prefetch_row<1>(a.value_rows[j], Dv);
-        }
-      }
-    };
-    fma_scores(a.q_t + head * Dqk * hp, rows, Dqk, key_rows, n, a.scores, a.tile, prefetch);
+    fma_scores<FloatPanel>(a.q_t + head * Dqk * hp, rows, Dqk, key_rows, n, a.scores, a.tile,
+                           next_tile_prefetch(a, n, n_next));
   };
   const auto values = [&](int64_t head, int64_t n) {
     fma_values(a.scores, a.tile, rows, value_rows, n, Dv, a.out + head * rows * Dv);
   };
   decode_tiles(a, scores, values);
 }
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Whether decode_rows_pairs takes this call: bfloat16, whole pairs of features and keys, whole panels of
+// values, on a CPU with AVX512-BF16.
+template <typename scalar_t, typename acc_t>
+bool pairs_apply(const DecodeRows<scalar_t, acc_t>& a) {
+  return std::is_same_v<scalar_t, c10::BFloat16> && a.dim_qk % 2 == 0 && a.dim_v % kPanelWidth == 0 &&
+         a.tile % 2 == 0 && cpu_has_avx512bf16();
+}
+
+// bfloat16 caches on AVX512-BF16 (where AMX does not run): both products on bfloat16 pairs with float32
+// accumulation (vdpbf16ps: twice an FMA's products per instruction), as the prefill forward's Bf16PairPanel.
+// The scores read each key row in place (fma_scores: its pairs broadcast against Q^T in pairs, arranged once
+// per call); P V runs on the panel micro-kernel (panel_gemm) over the tile's values interleaved by key pairs
+// (an L2 pass over rows the scores just read). Q (scaled) and P are rounded to bfloat16, as on AMX and in
+// SDPA's CPU kernel; no float32 copy of the tile.
+template <typename scalar_t>
+void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
+  using bf16 = c10::BFloat16;
+  static_assert(std::is_same_v<scalar_t, bf16>);
+  constexpr int64_t W = kPanelWidth;
+  const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v, tile = a.tile, hp = gemm_rows_padded(rows);
+  TORCH_INTERNAL_ASSERT(tile <= kGemmDecodeTile);
+  // Scratch (DecodeScratch's lowp, as the AMX kernel's): Q^T in pairs [heads, Dqk / 2, hp, 2], an unused
+  // [tile, Dqk], the V panels [Dv / W, tile / 2, W, 2] and P [rows, tile].
+  bf16* q_pairs = a.lowp;
+  bf16* v_panels = q_pairs + a.heads * hp * Dqk + tile * Dqk;
+  bf16* p = v_panels + tile * Dv;
+  for (int64_t head = 0; head < a.heads; ++head) {
+    bf16* qh = q_pairs + head * Dqk * hp;
+    for (int64_t d = 0; d < Dqk; ++d) {
+      for (int64_t r = 0; r < hp; ++r) {
+        qh[(d / 2 * hp + r) * 2 + d % 2] = r < rows ? static_cast<bf16>(a.q[(head * rows + r) * Dqk + d]) : bf16(0);
+      }
+    }
+  }
+  const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
+    const int64_t n_next = std::min(tile, a.k_end - k0 - n);
+    a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
+    fma_scores<Bf16PairPanel>(q_pairs + head * Dqk * hp, rows, Dqk, a.key_rows, n, a.scores, tile,
+                              next_tile_prefetch(a, n, n_next));
+  };
+  const auto values = [&](int64_t head, int64_t n) {
+    const int64_t pairs = (n + 1) / 2;
+    for (int64_t r = 0; r < rows; ++r) {  // the softmax's weights in bfloat16, a zero key after an odd last one
+      convert_row(a.scores + r * tile, p + r * tile, n);
+      std::fill(p + r * tile + n, p + r * tile + 2 * pairs, bf16(0));
+    }
+    for (int64_t j = 0; j < n; j += 2) {
+      Bf16PairPanel::interleave_values(a.value_rows[j], j + 1 < n ? a.value_rows[j + 1] : nullptr, Dv,
+                                       v_panels + j * W, tile * W);
+    }
+    panel_gemm<true, Bf16PairPanel>(rows, Dv / W, pairs, p, tile, v_panels, 2 * W, tile * W, a.out + head * rows * Dv,
+                                    Dv, 1.f);
+  };
+  decode_tiles(a, scores, values);
+}
+#endif
 
 }  // namespace
 
@@ -245,6 +315,13 @@ void decode_rows_gemm(const DecodeRows<scalar_t, acc_t>& a) {
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
       if (a.lowp != nullptr && amx_applies(a)) {
         return decode_rows_amx(a);
+      }
+    }
+#endif
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      if (a.lowp != nullptr && pairs_apply(a)) {
+        return decode_rows_pairs(a);
       }
     }
 #endif
