@@ -14,10 +14,11 @@ import sys
 
 import torch
 
-import attn_ops
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 import timing  # noqa: E402
+
+attn_ops = machine.import_attn_ops()
 
 B, T, HQ, HKV, D, BS = 32, 4096, 32, 8, 128, 64
 

@@ -295,10 +295,7 @@ void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
       convert_row(a.scores + r * tile, p + r * tile, n);
       std::fill(p + r * tile + n, p + r * tile + 2 * pairs, bf16(0));
     }
-    for (int64_t j = 0; j < n; j += 2) {
-      Bf16PairPanel::interleave_values(a.value_rows[j], j + 1 < n ? a.value_rows[j + 1] : nullptr, Dv,
-                                       v_panels + j * W, tile * W);
-    }
+    Bf16PairPanel::pack_value_pairs(a.value_rows, n, Dv, v_panels, tile * W);
     panel_gemm<true, Bf16PairPanel>(rows, Dv / W, pairs, p, tile, v_panels, 2 * W, tile * W, a.out + head * rows * Dv,
                                     Dv, 1.f);
   };

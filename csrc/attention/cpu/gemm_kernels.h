@@ -104,20 +104,24 @@ struct Bf16PairPanel {
     asm("vdpbf16ps %2, %1, %0" : "+v"(sum) : "v"(static_cast<__m512>(b)), "v"(_mm512_set1_epi32(pair)));
     return sum;
   }
-  // One step of the V panels from the value rows of two keys (v1 == nullptr: a zero key): dims c .. c + 31
-  // of both, interleaved value by value ([kPanelWidth][2]), to dst + c / kPanelWidth * panel_stride; two
-  // permutes per panel. dv a multiple of kPanelWidth (32).
-  static void interleave_values(const c10::BFloat16* v0, const c10::BFloat16* v1, int64_t dv, c10::BFloat16* dst,
-                                int64_t panel_stride) {
+  // The V panels [dv / kPanelWidth][n / 2 steps][kPanelWidth][2] from the n value rows at rows[j] (a zero
+  // key after an odd last one): panel c at dst + c * panel_stride, two keys' values interleaved value by
+  // value, two permutes per step. Panel by panel, so the stores run through memory in order (key pair by
+  // key pair, every panel's step is a store kilobytes from the last, and they thrashed L1's sets).
+  static void pack_value_pairs(const c10::BFloat16* const* rows, int64_t n, int64_t dv, c10::BFloat16* dst,
+                               int64_t panel_stride) {
     static_assert(kPanelWidth == 32);
     alignas(64) static constexpr uint16_t kLow[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
                                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i low = _mm512_load_si512(kLow), high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
     for (int64_t c = 0; c < dv; c += kPanelWidth, dst += panel_stride) {
-      const __m512i x0 = _mm512_loadu_si512(v0 + c);
-      const __m512i x1 = v1 != nullptr ? _mm512_loadu_si512(v1 + c) : _mm512_setzero_si512();
-      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(x0, low, x1));
-      _mm512_storeu_si512(dst + kPanelWidth, _mm512_permutex2var_epi16(x0, high, x1));
+      c10::BFloat16* step = dst;
+      for (int64_t j = 0; j < n; j += 2, step += 2 * kPanelWidth) {
+        const __m512i x0 = _mm512_loadu_si512(rows[j] + c);
+        const __m512i x1 = j + 1 < n ? _mm512_loadu_si512(rows[j + 1] + c) : _mm512_setzero_si512();
+        _mm512_storeu_si512(step, _mm512_permutex2var_epi16(x0, low, x1));
+        _mm512_storeu_si512(step + kPanelWidth, _mm512_permutex2var_epi16(x0, high, x1));
+      }
     }
   }
 #endif

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 
@@ -60,16 +61,19 @@ class PanelKV : public KvTileStore<typename Panel::b_t, PanelKV<Panel>> {
       }
     }
     scalar_t* v_out = this->v_.data() + index * tile * dv;
-    for (int64_t j = 0; j < n; j += S) {  // the step of keys j .. j + S - 1
-      const scalar_t* row = this->v_in_ + v_layout.at(b, k0 + j, g);
-      if constexpr (S == 1) {
+    if constexpr (S == 1) {
+      for (int64_t j = 0; j < n; ++j) {
+        const scalar_t* row = this->v_in_ + v_layout.at(b, k0 + j, g);
         for (int64_t c = 0; c < dv; c += W) {
           std::copy_n(row + c, W, v_out + c * tile + j * W);
         }
-      } else {
-        const scalar_t* next = j + 1 < n ? this->v_in_ + v_layout.at(b, k0 + j + 1, g) : nullptr;
-        Panel::interleave_values(row, next, dv, v_out + j * W, tile * W);
       }
+    } else {
+      std::vector<const scalar_t*> rows(n);
+      for (int64_t j = 0; j < n; ++j) {
+        rows[j] = this->v_in_ + v_layout.at(b, k0 + j, g);
+      }
+      Panel::pack_value_pairs(rows.data(), n, dv, v_out, tile * W);
     }
   }
 };
