@@ -1,11 +1,14 @@
-"""The low-precision backward's brgemm path (bfloat16 on a CPU with AMX, the AVX-512 copy) against the
-float64 reference.
+"""The low-precision backward's packed-product path against the float64 reference: bfloat16 in the
+AVX-512 copy on a CPU with AMX (brgemm) or AVX512-BF16 (the same packed operands on bfloat16 pairs,
+vdpbf16ps).
 
-That path needs Dqk a multiple of 64: these cases use D = 64 / 128 so that bfloat16 takes it where the
-CPU has AMX (float16 runs the float32 tile path there; its cases check the same shapes). Lengths cross
-the backward's 256-key block and 64-key pack block (1, 17, 63, 64, 65, 257), GQA groups 1 / 4 / all,
-causal / window / softcap, varlen with empty sequences; every case is also run on the portable copy
-(ATTN_OPS_CPU_ISA=default), which never takes brgemm (float32 there: the key-split tile path).
+That path needs Dqk a multiple of 64: these cases use D = 64 / 128 so that bfloat16 takes it (float16 runs
+the float32 tile path; its cases check the same shapes). Lengths cross the backward's 256-key block and
+64-key pack block (1, 17, 63, 64, 65, 257), GQA groups 1 / 4 / all, causal / window / softcap, varlen with
+empty sequences. Every case runs on four settings (read at every call): "best" (AMX where the CPU has it,
+else pairs where it has AVX512-BF16), "pairs" (ATTN_OPS_CPU_AMX=0: pairs on any AVX512-BF16 CPU),
+"float32" (AMX and AVX512-BF16 off: the float32 tile path on every AVX-512 CPU) and "default" (the
+portable copy, which never takes packed products; float32 there: the key-split tile path).
 """
 
 import pytest
@@ -18,10 +21,12 @@ from test_attention_backward import check_backward
 LOWP = [torch.bfloat16, torch.float16]
 
 
-@pytest.fixture(params=["best", "default"])
+@pytest.fixture(params=["best", "pairs", "float32", "default"])
 def isa(request, monkeypatch):
     if request.param == "default":
         monkeypatch.setenv("ATTN_OPS_CPU_ISA", "default")
+    monkeypatch.setenv("ATTN_OPS_CPU_AMX", "1" if request.param == "best" else "0")
+    monkeypatch.setenv("ATTN_OPS_CPU_AVX512BF16", "0" if request.param == "float32" else "1")
     return request.param
 
 

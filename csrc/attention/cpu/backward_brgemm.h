@@ -1,6 +1,8 @@
 // The bfloat16 backward's tile products on PyTorch's brgemm (oneDNN's AMX kernels) with float32
 // accumulation, as SDPA's CPU backward; backward_tiles.h takes this path in the AVX-512 copy where the
-// CPU has AMX-BF16 (BrgemmBackward::supports). float16 keeps the float32 path: its brgemm needs AMX-FP16.
+// CPU has AMX-BF16, or AVX512-BF16, whose products run the same packed operands on bfloat16 pairs
+// (gemm_kernels.h: pair_block_product / pair_block_pack) (BrgemmBackward::supports). float16 keeps the
+// float32 path: its brgemm needs AMX-FP16.
 //
 // Work: one item is (sequence, KV head, split); a split owns every `splits`-th query chunk of its sequence
 // (kChunkRows rows = positions x group heads). Per chunk the worker holds the chunk's Q and dO rows, their
@@ -26,6 +28,7 @@
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/blas.h"
+#include "attention/cpu/gemm_kernels.h"
 #include "attention/cpu/packed_kv.h"
 #include "attention/cpu/parallel.h"
 #include "attention/cpu/row_ops.h"
@@ -114,9 +117,11 @@ struct BrgemmBackwardScratch {
 // The bfloat16 backward on brgemm for one call: its inputs, the work split, and the work of one item.
 class BrgemmBackward {
  public:
-  // Dqk in whole pack blocks (dQ = dS K packs K in dim blocks), Dv even, and a CPU with AMX-BF16.
+  // Dqk in whole pack blocks (dQ = dS K packs K in dim blocks), Dv even, and a CPU with AMX-BF16 or
+  // AVX512-BF16.
   static bool supports(const AttentionProblem& p) {
-    return p.dim_qk % kPackBlock == 0 && p.dim_v % 2 == 0 && lowp_brgemm_available<c10::BFloat16>();
+    return p.dim_qk % kPackBlock == 0 && p.dim_v % 2 == 0 &&
+           (lowp_brgemm_available<c10::BFloat16>() || pair_products_available());
   }
 
   // delta [total_q * Hq] is the rows' softmax-Jacobian term (backward_tiles.h).
@@ -128,7 +133,8 @@ class BrgemmBackward {
       : p_(p), dout_(dout), dout_layout_(dout_layout), q_(q), q_layout_(q_layout), k_(k), k_layout_(k_layout),
         v_(v), v_layout_(v_layout), lse_(lse), lse_layout_(lse_layout), delta_(delta), dq_(dq), dq_layout_(dq_layout),
         dk_(dk), dk_layout_(dk_layout), dv_(dv), dv_layout_(dv_layout),
-        native_bf16_(cpu_has_avx512bf16()) {
+        native_bf16_(cpu_has_avx512bf16()),
+        pairs_(!lowp_brgemm_available<c10::BFloat16>()) {
     const int64_t G = p.group;
     tile_positions_ = std::max<int64_t>(1, kBrgemmTileRows / G);
     rows_pad_ = round_up(tile_positions_ * G, 2);
@@ -262,10 +268,8 @@ class BrgemmBackward {
       const c10::BFloat16* dout_rows = s.dout.data() + r0 * Dv;
       // scores = Q K^T (the scale is applied per row), dscores = dP = dO V^T.
       for (int64_t c = 0; c < width; c += kPackBlock) {
-        lowp_brgemm(rows, kPackBlock, Dqk, q_rows, Dqk, s.k_t.data() + c * Dqk, kPackBlock, s.scores.data() + c, KB,
-                    false);
-        lowp_brgemm(rows, kPackBlock, Dv, dout_rows, Dv, s.v_t.data() + c * Dv, kPackBlock, s.dscores.data() + c, KB,
-                    false);
+        product(rows, Dqk, q_rows, Dqk, s.k_t.data() + c * Dqk, s.scores.data() + c, KB, false);
+        product(rows, Dv, dout_rows, Dv, s.v_t.data() + c * Dv, s.dscores.data() + c, KB, false);
       }
       for (int64_t r = 0; r < rows_pad_; r += 2) {
         for (int64_t rr = r; rr < std::min(r + 2, rows); ++rr) {
@@ -290,17 +294,40 @@ class BrgemmBackward {
       const c10::BFloat16* dout_t = s.dout_t.data() + t * Dv * rows_pad_;
       const c10::BFloat16* q_t = s.q_t.data() + t * Dqk * rows_pad_;
       for (int64_t c = 0; c < width; c += kPackBlock) {
-        lowp_brgemm(Dv, kPackBlock, rows_pad_, dout_t, rows_pad_, s.p_packed.data() + c * rows_pad_, kPackBlock,
-                    dv_t + c, ld_, true);
-        lowp_brgemm(Dqk, kPackBlock, rows_pad_, q_t, rows_pad_, s.ds_packed.data() + c * rows_pad_, kPackBlock,
-                    dk_t + c, ld_, true);
+        product(Dv, rows_pad_, dout_t, rows_pad_, s.p_packed.data() + c * rows_pad_, dv_t + c, ld_, true);
+        product(Dqk, rows_pad_, q_t, rows_pad_, s.ds_packed.data() + c * rows_pad_, dk_t + c, ld_, true);
       }
       float* dq = s.dq.data() + r0 * Dqk;
       for (int64_t c = 0; c < Dqk; c += kPackBlock) {
-        lowp_brgemm(rows, kPackBlock, width, s.ds.data(), KB, s.k.data() + c * width, kPackBlock, dq + c, Dqk, true);
+        product(rows, width, s.ds.data(), KB, s.k.data() + c * width, dq + c, Dqk, true);
       }
     }
-    at::native::cpublas::brgemm_release();
+    if (!pairs_) {
+      at::native::cpublas::brgemm_release();
+    }
+  }
+
+  // C[m, kPackBlock] (row stride ldc, float32) = (accumulate ? C : 0) + A[m, k] B, B packed by pack():
+  // brgemm, or the same product on bfloat16 pairs.
+  void product(int64_t m, int64_t k, const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, float* c,
+               int64_t ldc, bool accumulate) const {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+    static_assert(kBrgemmBlock == kPackBlock);
+    if (pairs_) {
+      return pair_block_product(m, k, a, lda, b, c, ldc, accumulate);
+    }
+#endif
+    lowp_brgemm(m, kPackBlock, k, a, lda, b, kPackBlock, c, ldc, accumulate);
+  }
+
+  // B[k, kPackBlock] (row stride ld_in, k even) into brgemm's packed layout, which both products read.
+  void pack(int64_t k, int64_t ld_in, const c10::BFloat16* in, c10::BFloat16* out) const {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+    if (pairs_) {
+      return pair_block_pack(k, ld_in, in, out);
+    }
+#endif
+    lowp_brgemm_pack(k, kPackBlock, ld_in, in, out);
   }
 
   // Packs the key block [k0, k0 + n) of one KV head (rows k_rows / v_rows, row strides ldk / ldv) for the
@@ -316,7 +343,7 @@ class BrgemmBackward {
       }
       transpose_rows(src, ld, n, dim, t, width);
       for (int64_t c = 0; c < width; c += kPackBlock) {
-        lowp_brgemm_pack(dim, kPackBlock, width, t + c, out + c * dim);
+        pack(dim, width, t + c, out + c * dim);
       }
     };
     pack_transposed(k_rows, ldk, Dqk, s.k_t.data());
@@ -327,7 +354,7 @@ class BrgemmBackward {
     }
     std::fill(t + n * Dqk, t + width * Dqk, c10::BFloat16(0));
     for (int64_t c = 0; c < Dqk; c += kPackBlock) {
-      lowp_brgemm_pack(width, kPackBlock, Dqk, t + c, s.k.data() + c * width);
+      pack(width, Dqk, t + c, s.k.data() + c * width);
     }
   }
 
@@ -393,6 +420,7 @@ class BrgemmBackward {
   c10::BFloat16* dv_;
   const SeqLayout& dv_layout_;
   bool native_bf16_;                   // round dS with AVX512-BF16 (store_lowp)
+  bool pairs_;                         // the products on bfloat16 pairs (no AMX), else on brgemm
   int64_t tile_positions_, rows_pad_;  // query positions per tile; its rows, padded to even
   int64_t chunk_positions_;            // query positions per chunk (whole tiles)
   int64_t ld_;                         // row stride of the dK^T / dV^T accumulators: the longest Tk, padded

@@ -254,7 +254,7 @@ void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
 template <typename scalar_t, typename acc_t>
 bool pairs_apply(const DecodeRows<scalar_t, acc_t>& a) {
   return std::is_same_v<scalar_t, c10::BFloat16> && a.dim_qk % 2 == 0 && a.dim_v % kPanelWidth == 0 &&
-         a.tile % 2 == 0 && cpu_has_avx512bf16();
+         a.tile % 2 == 0 && pair_products_available();
 }
 
 // bfloat16 caches on AVX512-BF16 (where AMX does not run): both products on bfloat16 pairs with float32
@@ -295,7 +295,7 @@ void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
       convert_row(a.scores + r * tile, p + r * tile, n);
       std::fill(p + r * tile + n, p + r * tile + 2 * pairs, bf16(0));
     }
-    Bf16PairPanel::pack_value_pairs(a.value_rows, n, Dv, v_panels, tile * W);
+    Bf16PairPanel::pack_row_pairs([&](int64_t j) { return a.value_rows[j]; }, n, Dv, v_panels, tile * W, 2 * W);
     panel_gemm<true, Bf16PairPanel>(rows, Dv / W, pairs, p, tile, v_panels, 2 * W, tile * W, a.out + head * rows * Dv,
                                     Dv, 1.f);
   };

@@ -94,8 +94,8 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
   // blocks where the group allows (252 rows for groups 1, 2, 4).
   const bool panel_shape = kPanelGemm && p.window_left < 0 && Dv % kPanelWidth == 0 &&
                            p.total_q * G >= kPanelMinRows * p.batch;
-  const bool pair_path = kBf16PairPanel && std::is_same_v<scalar_t, c10::BFloat16> && panel_shape &&
-                         Dqk % 2 == 0 && !brgemm_applies && cpu_has_avx512bf16();
+  const bool pair_path = std::is_same_v<scalar_t, c10::BFloat16> && panel_shape && Dqk % 2 == 0 &&
+                         !brgemm_applies && pair_products_available();
   const bool panel_path = (std::is_same_v<scalar_t, float> && panel_shape) || pair_path;
   const int64_t target_rows = panel_path ? kTargetRows / kPanelRows * kPanelRows : kTargetRows;
   const int64_t block_positions = std::max<int64_t>(1, target_rows / G);

@@ -11,6 +11,8 @@
 // (6 x 16 = 12 ymm on AVX2), two loads of B and one broadcast per two multiply-adds per row.
 #pragma once
 
+#include "common/cpu_isa.h"
+
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -90,6 +92,8 @@ constexpr bool kBf16PairPanel = true;
 #else
 constexpr bool kBf16PairPanel = false;
 #endif
+// Whether this copy runs Bf16PairPanel's products on this CPU.
+inline bool pair_products_available() { return kBf16PairPanel && cpu_has_avx512bf16(); }
 struct Bf16PairPanel {
   using a_t = c10::BFloat16;
   using b_t = c10::BFloat16;
@@ -104,21 +108,23 @@ struct Bf16PairPanel {
     asm("vdpbf16ps %2, %1, %0" : "+v"(sum) : "v"(static_cast<__m512>(b)), "v"(_mm512_set1_epi32(pair)));
     return sum;
   }
-  // The V panels [dv / kPanelWidth][n / 2 steps][kPanelWidth][2] from the n value rows at rows[j] (a zero
-  // key after an odd last one): panel c at dst + c * panel_stride, two keys' values interleaved value by
-  // value, two permutes per step. Panel by panel, so the stores run through memory in order (key pair by
-  // key pair, every panel's step is a store kilobytes from the last, and they thrashed L1's sets).
-  static void pack_value_pairs(const c10::BFloat16* const* rows, int64_t n, int64_t dv, c10::BFloat16* dst,
-                               int64_t panel_stride) {
+  // The panels of an operand B given by its rows (row(j): a pointer to row j; a zero row after an odd last
+  // one): `cols` columns (a multiple of kPanelWidth) in panels of kPanelWidth, panel c at dst + c *
+  // panel_stride, its step s (rows 2s and 2s + 1 interleaved value by value, [kPanelWidth][2]) at + s *
+  // step_stride; two permutes per step. Panel by panel, so that the stores run through memory in order
+  // (step by step, every panel's store lands kilobytes from the last one, and they thrashed L1's sets).
+  template <typename RowAt>
+  static void pack_row_pairs(const RowAt& row, int64_t n, int64_t cols, c10::BFloat16* dst, int64_t panel_stride,
+                             int64_t step_stride) {
     static_assert(kPanelWidth == 32);
     alignas(64) static constexpr uint16_t kLow[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
                                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i low = _mm512_load_si512(kLow), high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
-    for (int64_t c = 0; c < dv; c += kPanelWidth, dst += panel_stride) {
+    for (int64_t c = 0; c < cols; c += kPanelWidth, dst += panel_stride) {
       c10::BFloat16* step = dst;
-      for (int64_t j = 0; j < n; j += 2, step += 2 * kPanelWidth) {
-        const __m512i x0 = _mm512_loadu_si512(rows[j] + c);
-        const __m512i x1 = j + 1 < n ? _mm512_loadu_si512(rows[j + 1] + c) : _mm512_setzero_si512();
+      for (int64_t j = 0; j < n; j += 2, step += step_stride) {
+        const __m512i x0 = _mm512_loadu_si512(row(j) + c);
+        const __m512i x1 = j + 1 < n ? _mm512_loadu_si512(row(j + 1) + c) : _mm512_setzero_si512();
         _mm512_storeu_si512(step, _mm512_permutex2var_epi16(x0, low, x1));
         _mm512_storeu_si512(step + kPanelWidth, _mm512_permutex2var_epi16(x0, high, x1));
       }
@@ -160,6 +166,30 @@ inline void panel_gemm(int64_t m, int64_t panels, int64_t steps, const typename 
     }
   }
 }
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+// brgemm's products (blas.h: lowp_brgemm, lowp_brgemm_pack) on bfloat16 pairs, for AVX512-BF16 CPUs without
+// AMX: B is one block of kBrgemmBlock columns in brgemm's packed layout [k / 2][kBrgemmBlock][2], i.e. the
+// two kPanelWidth-column panels of each step side by side.
+constexpr int64_t kBrgemmBlock = 2 * kPanelWidth;
+
+// C[m, kBrgemmBlock] (row stride ldc, float32) = (accumulate ? C : 0) + A[m, k] B; A row-major (row stride
+// lda), B packed by pair_block_pack, k even.
+inline void pair_block_product(int64_t m, int64_t k, const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b,
+                               float* c, int64_t ldc, bool accumulate) {
+  if (accumulate) {
+    panel_gemm<true, Bf16PairPanel>(m, 2, k / 2, a, lda, b, 2 * kBrgemmBlock, kPanelWidth * 2, c, ldc, 1.f);
+  } else {
+    panel_gemm<false, Bf16PairPanel>(m, 2, k / 2, a, lda, b, 2 * kBrgemmBlock, kPanelWidth * 2, c, ldc, 1.f);
+  }
+}
+
+// B[k, kBrgemmBlock] (row-major, row stride ld_in; k even) into brgemm's packed layout.
+inline void pair_block_pack(int64_t k, int64_t ld_in, const c10::BFloat16* in, c10::BFloat16* out) {
+  Bf16PairPanel::pack_row_pairs([&](int64_t i) { return in + i * ld_in; }, k, kBrgemmBlock, out, 2 * kPanelWidth,
+                                2 * kBrgemmBlock);
+}
+#endif
 
 }  // namespace CPU_CAPABILITY
 }  // namespace attn_ops::cpu

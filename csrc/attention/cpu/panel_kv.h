@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 
@@ -69,11 +68,8 @@ class PanelKV : public KvTileStore<typename Panel::b_t, PanelKV<Panel>> {
         }
       }
     } else {
-      std::vector<const scalar_t*> rows(n);
-      for (int64_t j = 0; j < n; ++j) {
-        rows[j] = this->v_in_ + v_layout.at(b, k0 + j, g);
-      }
-      Panel::pack_value_pairs(rows.data(), n, dv, v_out, tile * W);
+      Panel::pack_row_pairs([&](int64_t j) { return this->v_in_ + v_layout.at(b, k0 + j, g); }, n, dv, v_out,
+                            tile * W, 2 * W);
     }
   }
 };
