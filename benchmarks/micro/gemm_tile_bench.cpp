@@ -1,6 +1,7 @@
 // One thread, best of many calls: the forward's two float32 tile products (scores = scale * Q K^T over a
 // [rows, 128] x [128, 256] tile, acc += P V over [rows, 256] x [256, 128]) on MKL's sgemm (libtorch_cpu's)
-// against gemm_kernels.h's panel_gemm over K^T packed in panels. Build and run (from the repo root):
+// against gemm_kernels.h's panel_gemm over K^T packed in panels, and Q K^T on bfloat16 pairs (Bf16PairPanel)
+// where the CPU has AVX512-BF16. Build and run (from the repo root):
 //   T=$(python -c "import torch,os;print(os.path.dirname(torch.__file__))")
 //   g++ -O3 -std=c++20 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c -DCPU_CAPABILITY=AVX512 \
 //     -DCPU_CAPABILITY_AVX512 -I csrc -I $T/include benchmarks/micro/gemm_tile_bench.cpp -L $T/lib -ltorch_cpu \
@@ -79,4 +80,37 @@ int main() {
   for (size_t i = 0; i < s_mkl.size(); ++i) e1 = std::max(e1, std::abs(s_mkl[i] - s_ours[i]));
   for (size_t i = 0; i < acc_mkl.size(); ++i) e2 = std::max(e2, std::abs(acc_mkl[i] - acc_ours[i]));
   std::printf("max |diff|: scores %.2e, P V %.2e\n", e1, e2);
+
+  // The bfloat16 pair kernel (Bf16PairPanel, vdpbf16ps) on the same Q K^T tile, where the CPU has
+  // AVX512-BF16: Q in bfloat16 read in place, K^T in pair panels [d / 2][kPanelWidth][2].
+  if (!__builtin_cpu_supports("avx512bf16")) {
+    std::printf("bfloat16 pairs: this CPU lacks AVX512-BF16\n");
+    return 0;
+  }
+  std::vector<c10::BFloat16> q16(rows * d), kp16(keys * d);
+  for (size_t i = 0; i < q16.size(); ++i) q16[i] = c10::BFloat16(q[i]);
+  for (int64_t j = 0; j < keys; ++j)
+    for (int64_t e = 0; e < d; ++e)
+      kp16[(j / kPanelWidth) * d * kPanelWidth + (e / 2 * kPanelWidth + j % kPanelWidth) * 2 + e % 2] =
+          c10::BFloat16(k[j * ld_kv + e]);
+  std::vector<float> s16(rows * keys);
+  for (int rep = 0; rep < 2; ++rep) {
+    const double t_pairs = best_seconds([&] {
+      panel_gemm<false, Bf16PairPanel>(rows, keys / kPanelWidth, d / 2, q16.data(), d, kp16.data(), 2 * kPanelWidth,
+                                       d * kPanelWidth, s16.data(), keys, scale);
+    }, calls);
+    std::printf("Q K^T %ldx%ldx%ld on bfloat16 pairs: panel_gemm %.1f GFLOP/s\n", rows, keys, d,
+                qk_flop / t_pairs * 1e-9);
+  }
+  float e3 = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < keys; ++j) {
+      double ref = 0;
+      for (int64_t e = 0; e < d; ++e) {
+        ref += double(float(q16[r * d + e])) * double(float(c10::BFloat16(k[j * ld_kv + e])));
+      }
+      e3 = std::max(e3, float(std::abs(scale * ref - s16[r * keys + j])));
+    }
+  std::printf("max |diff| against float64 on the rounded inputs: %.2e\n", e3);
+  return 0;
 }
