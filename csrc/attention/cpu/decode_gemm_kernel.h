@@ -200,6 +200,24 @@ auto next_tile_prefetch(const DecodeRows<scalar_t, float>& a, int64_t n, int64_t
   };
 }
 
+// Q^T of every KV head in fma_scores' layout for a panel kind (S = Panel::kStep dims per step): out [heads,
+// Dqk / S, hp, S] in Panel::b_t, hp = gemm_rows_padded(rows), zero past rows.
+template <typename Panel, typename scalar_t>
+void arrange_q_steps(const DecodeRows<scalar_t, float>& a, typename Panel::b_t* out) {
+  using T = typename Panel::b_t;
+  constexpr int64_t S = Panel::kStep;
+  const int64_t rows = a.rows, Dqk = a.dim_qk, hp = gemm_rows_padded(rows);
+  for (int64_t head = 0; head < a.heads; ++head) {
+    T* qh = out + head * Dqk * hp;
+    std::fill(qh, qh + Dqk * hp, T(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t d = 0; d < Dqk; ++d) {
+        qh[(d / S * hp + r) * S + d % S] = static_cast<T>(a.q[(head * rows + r) * Dqk + d]);
+      }
+    }
+  }
+}
+
 // The FMA micro-kernel path (float32 accumulation): Q^T of every KV head arranged once per call in a.q_t;
 // float32 tiles read in place, bfloat16 / float16 tiles converted once into a.key_tile / a.value_tile
 // (the scores kernel broadcasts single key values, which a low-precision row would need widened one by one).
@@ -207,15 +225,7 @@ template <typename scalar_t>
 void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
   TORCH_INTERNAL_ASSERT(a.tile <= kGemmDecodeTile);
   const int64_t rows = a.rows, Dqk = a.dim_qk, Dv = a.dim_v, hp = gemm_rows_padded(rows);
-  for (int64_t head = 0; head < a.heads; ++head) {  // q_t [heads, Dqk, hp] = Q^T, zero past rows
-    float* qt = a.q_t + head * Dqk * hp;
-    std::fill(qt, qt + Dqk * hp, 0.f);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t d = 0; d < Dqk; ++d) {
-        qt[d * hp + r] = a.q[(head * rows + r) * Dqk + d];
-      }
-    }
-  }
+  arrange_q_steps<FloatPanel>(a, a.q_t);
   // float32 tiles: the cache rows themselves; others: the rows of the converted tiles.
   const float* converted_keys[kGemmDecodeTile];
   const float* converted_values[kGemmDecodeTile];
@@ -275,14 +285,7 @@ void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
   bf16* q_pairs = a.lowp;
   bf16* v_panels = q_pairs + a.heads * hp * Dqk + tile * Dqk;
   bf16* p = v_panels + tile * Dv;
-  for (int64_t head = 0; head < a.heads; ++head) {
-    bf16* qh = q_pairs + head * Dqk * hp;
-    for (int64_t d = 0; d < Dqk; ++d) {
-      for (int64_t r = 0; r < hp; ++r) {
-        qh[(d / 2 * hp + r) * 2 + d % 2] = r < rows ? static_cast<bf16>(a.q[(head * rows + r) * Dqk + d]) : bf16(0);
-      }
-    }
-  }
+  arrange_q_steps<Bf16PairPanel>(a, q_pairs);
   const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
     const int64_t n_next = std::min(tile, a.k_end - k0 - n);
     a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
