@@ -6,6 +6,7 @@ machine may have no GPU to detect). The C++ standard and the nvcc flags are buil
 file CMakeLists.txt reads). Install with:  pip install --no-build-isolation -e .
 """
 import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -84,7 +85,9 @@ def make_extension():
         # Headers too: setuptools skips the whole build when no listed file is newer than the library,
         # and ninja then recompiles only the sources whose headers changed.
         depends=sources("csrc/**/*.h") + sources("csrc/**/*.cuh"),
-        extra_link_args=["-fopenmp"],
+        # -lstdc++ after our objects: the shared C++ runtime that libtorch uses, even where the compiler is set up
+        # to link a static copy (attn_ops/_linkage.py says why that crashes; checked after the build).
+        extra_link_args=["-fopenmp"] + (["-lstdc++"] if sys.platform.startswith("linux") else []),
         include_dirs=[os.path.join(ROOT, "csrc")],
         py_limited_api=False,
     )
@@ -104,13 +107,35 @@ def make_extension():
     return CppExtension(sources=cpp_sources, extra_compile_args={"cxx": cxx_flags}, **common)
 
 
+def load_linkage_checks():
+    """attn_ops/_linkage.py, loaded by path: the package itself cannot be imported before it is built."""
+    spec = importlib.util.spec_from_file_location("attn_ops_linkage", os.path.join(ROOT, "attn_ops", "_linkage.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildAndCheckExtension(BuildExtension.with_options(use_ninja=True)):
+    """The build, then a check that the library links torch's shared libstdc++ (a clear build error instead of
+    a segfault at the first call)."""
+
+    def build_extension(self, ext):
+        super().build_extension(ext)
+        import torch
+
+        torch_c10 = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")
+        problem = load_linkage_checks().static_libstdcxx_problem(self.get_ext_fullpath(ext.name), torch_c10)
+        if problem:
+            raise RuntimeError(problem)
+
+
 setup(
     name="attn_ops",
     version="0.1.0",
     description="MQA / GQA / MLA attention and KV-cache operators for PyTorch (CPU and CUDA)",
     packages=find_packages(include=["attn_ops", "attn_ops.*"]),
     ext_modules=[make_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildAndCheckExtension},
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
     # attn_ops.integrations.transformers (docs/transformers.md) is tested with this minor release.

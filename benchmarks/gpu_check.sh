@@ -174,6 +174,15 @@ finalize() {
       echo
       "$PY" "$REPO/benchmarks/junit_summary.py" --max-failures 12 --max-chars 3500 "${xmls[@]}" 2>&1
     fi
+    if [[ -f $WORK/crash_trace.log ]]; then
+      echo "## crash_trace: native frames of the smoke crash"
+      echo
+      echo '```'
+      grep -E "^=== " "$WORK/crash_trace.log" | grep -v -E "libpython|python3\.[0-9]+ |_pytest|pluggy" | head -n 24 \
+        | cut -c1-300
+      echo '```'
+      echo
+    fi
     for f in memcheck racecheck; do
       if [[ -f $WORK/$f.log && $(stage_status "$f") != RUNNING ]]; then
         echo "## $f"
@@ -284,6 +293,16 @@ else
   if has_module setuptools && "$PY" -m pip --version >/dev/null 2>&1; then
     run_stage build "$limit" "$PY" -m pip install -v --no-build-isolation --no-deps --no-index -e .
     how="pip install -e ."
+    # setup.py refuses a library with its own static copy of libstdc++ (attn_ops/_linkage.py): a compiler
+    # wrapper set up that way (as $CXX on the first GPU machine was) is swapped for the system's compilers.
+    if [[ $RC -ne 0 ]] && grep -q "does not link the shared libstdc++" "$WORK/build.log" && [[ -x /usr/bin/g++ ]]; then
+      mv "$WORK/build.log" "$WORK/build_static_runtime.log"
+      limit=$(( $(remaining) - RESERVE - 60 ))
+      (( limit < 30 )) && limit=30
+      export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+      run_stage build "$limit" "$PY" -m pip install -v --no-build-isolation --no-deps --no-index -e .
+      how="pip install -e . with CXX=/usr/bin/g++ (the first build linked libstdc++ statically: build_static_runtime.log)"
+    fi
     # pip failed before compiling (offline metadata, missing wheel, read-only site-packages...):
     # fall back to an in-place build; a compile error would only repeat.
     if [[ $RC -ne 0 && $RC -ne 124 && $RC -ne 137 ]] && ! grep -q -E "$COMPILE_ERROR" "$WORK/build.log"; then
@@ -307,6 +326,10 @@ fi
 cat >"$WORK/register.py" <<'EOF'
 import torch, attn_ops
 print("attn_ops from", attn_ops.__file__, "library", attn_ops._C.__file__)
+from attn_ops import _linkage
+needed = _linkage.needed_libraries(attn_ops._C.__file__) or []
+print("C++ runtime:", "shared libstdc++" if any(n.startswith("libstdc++") for n in needed)
+      else f"NO shared libstdc++ (links {needed})")
 ops = ["attention", "attention_backward", "attention_with_kvcache", "kv_cache_append",
        "paged_kv_cache_append", "rotary_embedding", "rotary_embedding_", "mla_cache_append", "mla_decode"]
 missing = [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key(f"attn_ops::{op}", "CUDA")]
@@ -381,8 +404,20 @@ else
   if ((t == 0)); then skip_stage smoke "time"; else
     # shellcheck disable=SC2046
     run_stage smoke "$t" "${PYTEST_BASE[@]}" $(timeout_args 90) --junitxml="$WORK/junit_smoke.xml" "${GRAPH_TESTS[@]}"
+    SMOKE_RC=$RC
     pytest_status smoke
     finalize
+    # A crash (SIGSEGV / SIGABRT): faulthandler names only Python frames. Rerun the file up to the crash with
+    # the native handler (benchmarks/native_backtrace.py; pytest's capture off, or it swallows the report)
+    # and put the C++ frames in the summary.
+    if [[ $SMOKE_RC == 139 || $SMOKE_RC == 134 ]] && (( $(remaining) > RESERVE + 120 )); then
+      run_stage crash_trace 60 "$PY" benchmarks/native_backtrace.py -- "$PY" -m pytest -p no:faulthandler \
+        -p no:cacheprovider -s -x -q "${GRAPH_TESTS[@]}"
+      find_stage crash_trace; i=$IDX
+      STATUS[$i]="DONE (rc $RC)"
+      NOTES[$i]=$(grep -m1 -E "^=== pc " "$WORK/crash_trace.log" | cut -c1-200)
+      finalize
+    fi
   fi
 fi
 

@@ -57,13 +57,17 @@ WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Te
   check_score_options(op, q.scalar_type(), scale, window_left, window_right, softcap);
 
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
-                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == s.batch, shape_str({s.batch}));
+                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == s.batch,
+                     [&] { return shape_str({s.batch}); });
   check_same_device(op, "cache_seqlens", cache_seqlens, "q", q);
   if (paged) {
     const at::Tensor& table = *block_table;
     check_index_tensor(op, "block_table", table, /*allow_int64=*/false,
                        table.dim() == 2 && (selected || table.sym_size(0) == s.batch),
-                       c10::str("[", selected ? std::string("table_rows") : c10::str(s.batch), ", max_blocks_per_seq]"));
+                       [&] {
+                         return c10::str("[", selected ? std::string("table_rows") : c10::str(s.batch),
+                                         ", max_blocks_per_seq]");
+                       });
     check_same_device(op, "block_table", table, "q", q);
     s.capacity = table.sym_size(1) * k_cache.sym_size(1);
   } else {

@@ -61,7 +61,8 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
               v_cache.sym_size(3), "] (batch, seqlen_new, heads_kv of k and head_dim_v of v_cache), got ",
               shape_str(v));
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
-                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == batch, shape_str({batch}));
+                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == batch,
+                     [&] { return shape_str({batch}); });
   check_same_device(op, "cache_seqlens", cache_seqlens, "k_cache", k_cache);
   if (selected) {
     check_write_batch_idx(op, *cache_batch_idx, batch, kc[0], "k_cache", k_cache);
@@ -92,7 +93,8 @@ void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Ten
               op, ": v must have shape [", k.sym_size(0), ", ", k.sym_size(1), ", ", v_cache.sym_size(3),
               "] (num_tokens, heads_kv of k and head_dim_v of v_cache), got ", shape_str(v));
   check_index_tensor(op, "slot_mapping", slot_mapping, /*allow_int64=*/true,
-                     slot_mapping.dim() == 1 && slot_mapping.sym_size(0) == k.sym_size(0), shape_str({k.sym_size(0)}));
+                     slot_mapping.dim() == 1 && slot_mapping.sym_size(0) == k.sym_size(0),
+                     [&] { return shape_str({k.sym_size(0)}); });
   check_same_device(op, "slot_mapping", slot_mapping, "k_cache", k_cache);
   if (can_read_values(slot_mapping)) {
     check_slot_values(op, slot_mapping, k_cache.size(0), k_cache.size(1));

@@ -55,14 +55,16 @@ inline void check_rank(const char* op, const char* name, const at::Tensor& t, in
               "-D tensor of shape ", shape_str(t));
 }
 
-// An index tensor: int32 (or int64 where allowed) of the shape described by `shape_text`.
-// `shape_ok` says whether its shape is the expected one.
-inline void check_index_tensor(const char* op, const char* name, const at::Tensor& t, bool allow_int64, bool shape_ok,
-                               const std::string& shape_text) {
+// An index tensor: int32 (or int64 where allowed) of the expected shape; `shape_ok` says whether its shape is
+// that one, and shape_text() describes it. shape_text is called only to build the message: formatting the
+// (symbolic) sizes on every call would cost each decode step a few string streams.
+template <typename ShapeText>
+void check_index_tensor(const char* op, const char* name, const at::Tensor& t, bool allow_int64, bool shape_ok,
+                        const ShapeText& shape_text) {
   const bool dtype_ok = t.scalar_type() == at::kInt || (allow_int64 && t.scalar_type() == at::kLong);
-  TORCH_CHECK(dtype_ok && shape_ok, op, ": ", name, " must be an ",
-              allow_int64 ? "int32 or int64" : "int32", " tensor of shape ", shape_text, ", got ",
-              dtype_name(t.scalar_type()), " tensor of shape ", shape_str(t));
+  TORCH_CHECK(dtype_ok && shape_ok, op, ": ", name, " must be an ", allow_int64 ? "int32 or int64" : "int32",
+              " tensor of shape ", shape_text(), ", got ", dtype_name(t.scalar_type()), " tensor of shape ",
+              shape_str(t));
 }
 
 // A tensor argument and its name in the schema, for checks that look at several arguments at once.

@@ -14,7 +14,8 @@ namespace {
 // A per-row int32 [batch] argument on q's device.
 void check_row_vector(const char* op, const char* name, const at::Tensor& t, const c10::SymInt& batch,
                       const char* ref_name, const at::Tensor& ref) {
-  check_index_tensor(op, name, t, /*allow_int64=*/false, t.dim() == 1 && t.sym_size(0) == batch, shape_str({batch}));
+  check_index_tensor(op, name, t, /*allow_int64=*/false, t.dim() == 1 && t.sym_size(0) == batch,
+                     [&] { return shape_str({batch}); });
   check_same_device(op, name, t, ref_name, ref);
 }
 

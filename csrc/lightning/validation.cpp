@@ -45,7 +45,7 @@ void check_state_like(const char* op, const char* name, const at::Tensor& t, con
 // cu_seqlens int32 [B + 1]: starts at 0, non-decreasing, ends at `total`; max_seqlen >= the longest sequence.
 void check_cu_seqlens(const char* op, const at::Tensor& cu, const at::Tensor& q, std::optional<int64_t> max_seqlen) {
   check_index_tensor(op, "cu_seqlens", cu, /*allow_int64=*/false, cu.dim() == 1 && cu.sym_size(0) >= 1,
-                     "[batch + 1]");
+                     [] { return std::string("[batch + 1]"); });
   check_same_device(op, "cu_seqlens", cu, "q", q);
   if (!can_read_values(cu)) {
     return;
@@ -185,7 +185,7 @@ LightningProblem prepare_lightning_decode(const at::Tensor& q, const at::Tensor&
   if (state_indices.has_value()) {
     const at::Tensor& idx = *state_indices;
     check_index_tensor(op, "state_indices", idx, /*allow_int64=*/false, idx.dim() == 1 && idx.sym_size(0) == p.batch,
-                       shape_str({p.batch}));
+                       [&] { return shape_str({p.batch}); });
     check_same_device(op, "state_indices", idx, "q", q);
     if (can_read_values(idx)) {
       const at::Tensor ix = idx.to(at::kCPU).contiguous();

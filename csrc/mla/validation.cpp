@@ -61,7 +61,8 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
   if (paged) {
     const at::Tensor& slots = *slot_mapping;
     check_index_tensor(op, "slot_mapping", slots, /*allow_int64=*/true,
-                       slots.dim() == 1 && slots.sym_size(0) == c_kv.sym_size(0), shape_str({c_kv.sym_size(0)}));
+                       slots.dim() == 1 && slots.sym_size(0) == c_kv.sym_size(0),
+                       [&] { return shape_str({c_kv.sym_size(0)}); });
     check_same_device(op, "slot_mapping", slots, "latent_cache", latent_cache);
     if (can_read_values(slots)) {
       check_slot_values(op, slots, latent_cache.size(0), latent_cache.size(1));
@@ -72,7 +73,7 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
     TORCH_CHECK(c_kv.sym_size(0) == batch, op, ": c_kv must have batch size ", batch, " (as latent_cache), got ",
                 c_kv.sym_size(0));
     check_index_tensor(op, "cache_seqlens", lens, /*allow_int64=*/false, lens.dim() == 1 && lens.sym_size(0) == batch,
-                       shape_str({batch}));
+                       [&] { return shape_str({batch}); });
     check_same_device(op, "cache_seqlens", lens, "latent_cache", latent_cache);
     if (selected) {
       check_write_batch_idx(op, *cache_batch_idx, batch, latent_cache.sym_size(0), "latent_cache", latent_cache);
@@ -126,14 +127,18 @@ OutLseSizes prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_r
   }
   check_score_options(op, q_latent.scalar_type(), scale, -1, -1, 0.0);
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
-                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == batch, shape_str({batch}));
+                     cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == batch,
+                     [&] { return shape_str({batch}); });
   check_same_device(op, "cache_seqlens", cache_seqlens, "q_latent", q_latent);
   c10::SymInt capacity = latent_cache.sym_size(1);
   if (paged) {
     const at::Tensor& table = *block_table;
     check_index_tensor(op, "block_table", table, /*allow_int64=*/false,
                        table.dim() == 2 && (selected || table.sym_size(0) == batch),
-                       c10::str("[", selected ? std::string("table_rows") : c10::str(batch), ", max_blocks_per_seq]"));
+                       [&] {
+                         return c10::str("[", selected ? std::string("table_rows") : c10::str(batch),
+                                         ", max_blocks_per_seq]");
+                       });
     check_same_device(op, "block_table", table, "q_latent", q_latent);
     capacity = table.sym_size(1) * latent_cache.sym_size(1);
   }

@@ -18,7 +18,7 @@ void check_rotary_inputs(const char* op, const at::Tensor& x, const at::Tensor& 
   check_last_dim_contiguous(op, "x", x);
   const c10::SymIntArrayRef leading = x.sym_sizes().slice(0, x.dim() - 2);
   check_index_tensor(op, "positions", positions, /*allow_int64=*/true, positions.sym_sizes() == leading,
-                     shape_str(leading) + " (the leading dims of x)");
+                     [&] { return shape_str(leading) + " (the leading dims of x)"; });
   const bool cos_dtype_ok = cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type();
   TORCH_CHECK(cos.dim() == 2 && cos_dtype_ok, op, ": cos must be a 2-D tensor [max_positions, rotary_dim / 2] of dtype ",
               "float32 or ", dtype_name(x.scalar_type()), " (as x), got ", dtype_name(cos.scalar_type()),
