@@ -1,8 +1,9 @@
 """CUDA: bad index values are rejected on the device, without a host synchronisation.
 
 For CUDA inputs the value checks of index tensors (cache_seqlens, block tables, slot mappings,
-positions, cu_seqlens) run in a small kernel before the op's first write kernel; at the first bad value
-it prints the host check's message and fails a device-side assert (csrc/common/cuda/index_checks.h).
+positions, cu_seqlens, lightning's state_indices) and of lightning's slope run in a small kernel before
+the op's first write kernel; at the first bad value it prints the host check's message and fails a
+device-side assert (csrc/common/cuda/index_checks.h).
 That ends the process's CUDA context, so every rejection runs in a child process here: the child must
 fail and print the exact message. (That the caches are left unchanged cannot be read back after the
 assert; it follows from stream order: the check kernel asserts before the write kernel is launched.)
@@ -102,6 +103,29 @@ REJECTIONS = {
         "cu = torch.tensor([0, 1, 6], dtype=torch.int32, device=d)\n"
         "attn_ops.attention(q, q.clone(), q.clone(), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=3, max_seqlen_k=5)",
         "attn_ops.attention: max_seqlen_q (3) is smaller than the longest sequence in cu_seqlens_q (5)"),
+    "lightning_cu_seqlens_end": (
+        "q = torch.randn(10, 4, 16, device=d); v = torch.randn(10, 4, 24, device=d)\n"
+        "attn_ops.lightning_attention(q, q.clone(), v, torch.rand(4, device=d), "
+        "cu_seqlens=torch.tensor([0, 4, 12], dtype=torch.int32, device=d))",
+        "attn_ops.lightning_attention: cu_seqlens must end at the number of tokens in q (10), got 12"),
+    "lightning_slope": (
+        "q = torch.randn(2, 5, 4, 16, device=d); v = torch.randn(2, 5, 4, 24, device=d)\n"
+        "attn_ops.lightning_attention(q, q.clone(), v, torch.tensor([0.1, 0.2, -0.5, 0.3], device=d))",
+        "attn_ops.lightning_attention: slope[2] = -0.5 must be finite and >= 0"),
+    "lightning_decode_slot_range": (
+        "q = torch.randn(3, 1, 4, 16, device=d); v = torch.randn(3, 1, 4, 24, device=d)\n"
+        "pool = torch.randn(5, 4, 16, 24, device=d)\n"
+        "attn_ops.lightning_attention_decode_(q, q.clone(), v, pool, torch.rand(4, device=d), "
+        "state_indices=torch.tensor([3, 5, 0], dtype=torch.int32, device=d))",
+        "attn_ops.lightning_attention_decode_: state_indices[1] = 5 is out of range [-1, 5) of the state pool; "
+        "-1 skips a row"),
+    "lightning_decode_slot_repeat": (
+        "q = torch.randn(3, 1, 4, 16, device=d); v = torch.randn(3, 1, 4, 24, device=d)\n"
+        "pool = torch.randn(5, 4, 16, 24, device=d)\n"
+        "attn_ops.lightning_attention_decode_(q, q.clone(), v, pool, torch.rand(4, device=d), "
+        "state_indices=torch.tensor([3, -1, 3], dtype=torch.int32, device=d))",
+        "attn_ops.lightning_attention_decode_: state_indices[2] = 3 repeats state_indices[0]: two rows cannot update "
+        "one slot"),
 }
 
 _CHILD = """

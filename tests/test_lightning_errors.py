@@ -58,11 +58,11 @@ FORWARD_CASES = [
      "bfloat16 tensor of shape [2, 4, 16, 24]"),
     (varlen(cu_seqlens=torch.tensor([0, 4, 10])), "cu_seqlens must be an int32 tensor of shape [batch + 1], got int64 "
                                                   "tensor of shape [3]"),
-    (varlen(cu_seqlens=i32([1, 4, 10])), "cu_seqlens[0] must be 0, got 1"),
-    (varlen(cu_seqlens=i32([0, 5, 3, 10])), "cu_seqlens must be non-decreasing, got cu_seqlens[2] = 3 < "
+    (varlen(cu_seqlens=i32([1, 4, 10])), "cu_seqlens must start at 0, got 1"),
+    (varlen(cu_seqlens=i32([0, 5, 3, 10])), "cu_seqlens must be non-decreasing, got cu_seqlens[2] = 3 after "
                                             "cu_seqlens[1] = 5"),
-    (varlen(cu_seqlens=i32([0, 4, 9])), "cu_seqlens[-1] must equal the number of tokens of q (10), got 9"),
-    (varlen(max_seqlen=4), "max_seqlen must be >= the longest sequence (6), got 4"),
+    (varlen(cu_seqlens=i32([0, 4, 9])), "cu_seqlens must end at the number of tokens in q (10), got 9"),
+    (varlen(max_seqlen=4), "max_seqlen (4) is smaller than the longest sequence in cu_seqlens (6)"),
     (dict(max_seqlen=8), "max_seqlen is only valid with cu_seqlens"),
     (dict(block_size=0), "block_size must be >= 1, got 0"),
 ]

@@ -4,6 +4,7 @@
 
 #include "attention/validation.h"  // check_head_dims, shared by every attention-like op
 #include "common/checks.h"
+#include "common/index_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
@@ -42,28 +43,16 @@ void check_state_like(const char* op, const char* name, const at::Tensor& t, con
   check_same_device(op, name, t, "q", q);
 }
 
-// cu_seqlens int32 [B + 1]: starts at 0, non-decreasing, ends at `total`; max_seqlen >= the longest sequence.
+// cu_seqlens int32 [B + 1]: starts at 0, non-decreasing, ends at the tokens of q; max_seqlen >= the longest
+// sequence. The values are read here for CPU tensors; CUDA checks them on the device (lightning_cuda.cu).
 void check_cu_seqlens(const char* op, const at::Tensor& cu, const at::Tensor& q, std::optional<int64_t> max_seqlen) {
   check_index_tensor(op, "cu_seqlens", cu, /*allow_int64=*/false, cu.dim() == 1 && cu.sym_size(0) >= 1,
                      [] { return std::string("[batch + 1]"); });
   check_same_device(op, "cu_seqlens", cu, "q", q);
-  if (!can_read_values(cu)) {
-    return;
+  if (can_read_values(cu)) {
+    const int64_t longest = check_cu_seqlens_values(op, "cu_seqlens", cu, q.size(0), "q");
+    check_max_seqlen(op, "max_seqlen", "cu_seqlens", max_seqlen, longest);
   }
-  const at::Tensor c = cu.to(at::kCPU).contiguous();
-  const int32_t* p = c.const_data_ptr<int32_t>();
-  const int64_t n = c.numel(), total = q.size(0);
-  TORCH_CHECK(p[0] == 0, op, ": cu_seqlens[0] must be 0, got ", p[0]);
-  int64_t longest = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    TORCH_CHECK(p[i] >= p[i - 1], op, ": cu_seqlens must be non-decreasing, got cu_seqlens[", i, "] = ", p[i],
-                " < cu_seqlens[", i - 1, "] = ", p[i - 1]);
-    longest = std::max<int64_t>(longest, p[i] - p[i - 1]);
-  }
-  TORCH_CHECK(p[n - 1] == total, op, ": cu_seqlens[-1] must equal the number of tokens of q (", total, "), got ",
-              p[n - 1]);
-  TORCH_CHECK(!max_seqlen.has_value() || *max_seqlen >= longest, op, ": max_seqlen must be >= the longest sequence (",
-              longest, "), got ", *max_seqlen);
 }
 
 // q/k/v ranks, dtypes, devices, strides, shapes and head counts; fills the shape fields of `p`.
@@ -111,7 +100,9 @@ LightningProblem prepare_lightning_attention(const char* op, const at::Tensor& q
                                              const std::optional<at::Tensor>& cu_seqlens,
                                              std::optional<int64_t> max_seqlen, std::optional<int64_t> block_size) {
   LightningProblem p;
+  p.op = op;
   p.varlen = cu_seqlens.has_value();
+  p.max_seqlen = max_seqlen;
   check_qkv(op, q, k, v, p.varlen, p);
   check_slope(op, slope, q, p.heads);
   check_score_options(op, q.scalar_type(), scale, -1, -1, 0.0);  // scale representable in the accumulation type
@@ -158,6 +149,7 @@ LightningProblem prepare_lightning_decode(const at::Tensor& q, const at::Tensor&
                                           const std::optional<at::Tensor>& state_indices) {
   const char* op = "attn_ops.lightning_attention_decode_";
   LightningProblem p;
+  p.op = op;
   check_qkv(op, q, k, v, /*varlen=*/false, p);
   TORCH_CHECK(p.seqlen >= 1, op, ": q must hold at least one token per row (seqlen >= 1), got shape ", shape_str(q));
   check_slope(op, slope, q, p.heads);

@@ -19,7 +19,9 @@ constexpr int64_t kLightningTokenLoopMax = 8;
 
 // The resolved problem of lightning_attention (and of its backward, which shares it).
 struct LightningProblem {
+  const char* op = nullptr;  // "attn_ops.<op>", for the backends' device-side checks
   bool varlen = false;
+  std::optional<int64_t> max_seqlen;  // as given with cu_seqlens
   c10::SymInt batch;      // number of sequences (B, or cu_seqlens.size(0) - 1)
   c10::SymInt seqlen;     // T of a dense batch; total tokens when varlen
   c10::SymInt heads;      // H (query heads; the state is per query head)

@@ -63,6 +63,16 @@ void launch_check(const Check& check) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The first e < b with values[e] == values[b], else -1 (a repeated cache row or state slot).
+__device__ int64_t first_equal(const int32_t* values, int64_t b) {
+  for (int64_t e = 0; e < b; ++e) {
+    if (values[e] == values[b]) {
+      return e;
+    }
+  }
+  return -1;
+}
+
 // Element i = (row b, block j) of cache_seqlens and block_table (width 1 without a table).
 struct CacheLengthCheck {
   Text op;
@@ -114,15 +124,9 @@ struct BatchIdxCheck {
   const int32_t* idx;  // [batch]
   int64_t n, batch, rows;
 
-  __device__ int64_t first_equal(int64_t b) const {
-    for (int64_t e = 0; e < b; ++e) {
-      if (idx[e] == idx[b]) {
-        return e;
-      }
-    }
-    return -1;
+  __device__ bool ok(int64_t i) const {
+    return i < batch ? idx[i] >= 0 && idx[i] < rows : first_equal(idx, i - batch) < 0;
   }
-  __device__ bool ok(int64_t i) const { return i < batch ? idx[i] >= 0 && idx[i] < rows : first_equal(i - batch) < 0; }
   __device__ void report(int64_t i) const {
     if (i < batch) {
       printf("%s: cache_batch_idx[%lld] = %d is out of range [0, %lld) (the rows of %s)\n", op.s, (long long)i, idx[i],
@@ -131,7 +135,7 @@ struct BatchIdxCheck {
       const int64_t b = i - batch;
       printf("%s: cache_batch_idx[%lld] = %d repeats cache_batch_idx[%lld]: the rows of one write must be distinct "
              "cache rows\n",
-             op.s, (long long)b, idx[b], (long long)first_equal(b));
+             op.s, (long long)b, idx[b], (long long)first_equal(idx, b));
     }
   }
 };
@@ -211,6 +215,38 @@ struct PositionCheck {
     }
     printf("] = %lld is out of range [0, %lld) of the cos/sin table\n", (long long)positions[i],
            (long long)max_positions);
+  }
+};
+
+// lightning_attention_decode_'s state_indices [batch]: each in [-1, num_slots), and no slot >= 0 named twice
+// (two rows would update one state). Element b fails at the first of the two, as the host check's loop.
+struct StateIndexCheck {
+  Text op;
+  const int32_t* idx;  // [batch]
+  int64_t n, num_slots;
+
+  __device__ bool in_range(int64_t b) const { return idx[b] >= -1 && idx[b] < num_slots; }
+  __device__ bool ok(int64_t b) const { return in_range(b) && (idx[b] < 0 || first_equal(idx, b) < 0); }
+  __device__ void report(int64_t b) const {
+    if (!in_range(b)) {
+      printf("%s: state_indices[%lld] = %d is out of range [-1, %lld) of the state pool; -1 skips a row\n", op.s,
+             (long long)b, idx[b], (long long)num_slots);
+    } else {
+      printf("%s: state_indices[%lld] = %d repeats state_indices[%lld]: two rows cannot update one slot\n", op.s,
+             (long long)b, idx[b], (long long)first_equal(idx, b));
+    }
+  }
+};
+
+// lightning attention's slope [heads] float32: finite and >= 0 (a decay rate).
+struct SlopeCheck {
+  Text op;
+  const float* slope;  // [heads]
+  int64_t n;
+
+  __device__ bool ok(int64_t h) const { return isfinite(slope[h]) && slope[h] >= 0.0f; }
+  __device__ void report(int64_t h) const {
+    printf("%s: slope[%lld] = %g must be finite and >= 0\n", op.s, (long long)h, (double)slope[h]);
   }
 };
 
@@ -342,6 +378,22 @@ void check_cu_seqlens_on_device(const char* op, const char* name, const at::Tens
   const at::Tensor cu = cu_seqlens.contiguous();
   launch_check(CuSeqlensCheck{text(op), text(name), text(tensor_name), text(max_name), cu.const_data_ptr<int32_t>(),
                               cu.numel(), total, max_seqlen});
+}
+
+void check_state_indices_on_device(const char* op, const at::Tensor& state_indices, int64_t num_slots) {
+  if (!device_checks_enabled()) {
+    return;
+  }
+  const at::Tensor idx = state_indices.contiguous();
+  launch_check(StateIndexCheck{text(op), idx.const_data_ptr<int32_t>(), idx.numel(), num_slots});
+}
+
+void check_slope_on_device(const char* op, const at::Tensor& slope) {
+  if (!device_checks_enabled()) {
+    return;
+  }
+  const at::Tensor s = slope.contiguous();
+  launch_check(SlopeCheck{text(op), s.const_data_ptr<float>(), s.numel()});
 }
 
 }  // namespace attn_ops::cuda

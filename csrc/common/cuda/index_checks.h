@@ -1,4 +1,4 @@
-// Value checks of index tensors on the device, for CUDA inputs (CPU and Meta inputs keep the host checks
+// Value checks of index tensors (and of lightning attention's decay rates) on the device, for CUDA inputs (CPU and
 // of the shared validation, which for a CUDA tensor would copy it to the host: a synchronisation on every
 // eager call). Each check is one small kernel on the current stream, launched after the shape checks and
 // before the op's first write kernel: at the first bad value it prints the message of the host check
@@ -51,5 +51,12 @@ void check_positions_on_device(const char* op, const at::Tensor& positions, int6
 // and, when max_seqlen >= 0, no sequence longer than max_seqlen (named max_name).
 void check_cu_seqlens_on_device(const char* op, const char* name, const at::Tensor& cu_seqlens, int64_t total,
                                 const char* tensor_name, int64_t max_seqlen, const char* max_name);
+
+// lightning_attention_decode_'s state_indices [batch] int32: each in [-1, num_slots) (-1 skips a row), and no
+// slot named by two rows.
+void check_state_indices_on_device(const char* op, const at::Tensor& state_indices, int64_t num_slots);
+
+// lightning attention's slope [heads] float32: every value finite and >= 0.
+void check_slope_on_device(const char* op, const at::Tensor& slope);
 
 }  // namespace attn_ops::cuda

@@ -1,6 +1,9 @@
 // CUDA host code of lightning_attention, lightning_attention_backward and lightning_attention_decode_: the
 // same passes as the CPU backend (see lightning/cpu/lightning_cpu.cpp for the gradient formulas), each one
-// launch of lightning_pass_kernel on the current stream. Compiled for sm_90; not yet run on a GPU.
+// launch of lightning_pass_kernel on the current stream, after the device-side value checks of slope, cu_seqlens
+// and state_indices (the host checks of the shared validation for CPU inputs). The forward ran on an H200
+// (2026-11-27); the backward and decode are compiled for sm_90 but not yet run on a GPU.
+#include "common/cuda/index_checks.h"
 #include "lightning/cuda/pass_kernel.cuh"
 #include "lightning/entry.h"
 
@@ -68,11 +71,23 @@ void launch(const PassArgs<in_t, out_t, A>& a) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The value checks that the shared validation makes on the host for CPU inputs: slope, and cu_seqlens with
+// max_seqlen (out-of-range rows would be read and written out of bounds).
+void check_values_on_device(const LightningProblem& p, const at::Tensor& q, const at::Tensor& slope,
+                            const std::optional<at::Tensor>& cu_seqlens) {
+  check_slope_on_device(p.op, slope);
+  if (cu_seqlens.has_value()) {
+    check_cu_seqlens_on_device(p.op, "cu_seqlens", *cu_seqlens, q.size(0), "q", p.max_seqlen.value_or(-1),
+                               "max_seqlen");
+  }
+}
+
 void lightning_forward_cuda(const LightningProblem& p, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& slope, double scale,
                             const at::Tensor& initial_state, const std::optional<at::Tensor>& cu_seqlens,
                             const at::Tensor& out, const at::Tensor& final_state) {
   const c10::cuda::CUDAGuard guard(q.device());
+  check_values_on_device(p, q, slope, cu_seqlens);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_cuda", [&] {
     using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
@@ -97,6 +112,7 @@ void lightning_backward_cuda(const LightningProblem& p, const at::Tensor& dout, 
                              const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& dq,
                              const at::Tensor& dk_heads, const at::Tensor& dv_heads, const at::Tensor& g1) {
   const c10::cuda::CUDAGuard guard(q.device());
+  check_values_on_device(p, q, slope, cu_seqlens);
   const int64_t dk_dim = p.head_dim.expect_int(), dv_dim = p.head_dim_v.expect_int();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_backward_cuda", [&] {
     using A = acc_type<scalar_t>;
@@ -137,6 +153,10 @@ void lightning_decode_cuda(const LightningProblem& p, const at::Tensor& q, const
                            const at::Tensor& state, const at::Tensor& slope, double scale, const at::Tensor& slots,
                            const at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(q.device());
+  check_values_on_device(p, q, slope, std::nullopt);
+  if (slots.defined()) {
+    check_state_indices_on_device(p.op, slots, state.size(0));
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_decode_cuda", [&] {
     using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
