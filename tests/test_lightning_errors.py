@@ -126,20 +126,25 @@ def test_decode_rejects_and_writes_nothing(over, message):
                  written=(state,), call=torch.ops.attn_ops.lightning_attention_decode_, **a)
 
 
-def test_decode_refuses_expanded_state_and_state_that_requires_grad():
-    a = decode_args()
+def on(device, args):
+    return {name: t.to(device) if isinstance(t, torch.Tensor) else t for name, t in args.items()}
+
+
+# Memory-layout checks, not value checks: they run on every backend (the CUDA kernel writes the state in place).
+def test_decode_refuses_expanded_state_and_state_that_requires_grad(device):
+    a = on(device, decode_args())
     q, k, v, slope = a["q"], a["k"], a["v"], a["slope"]
-    expanded = r(1, H, DK, DV).expand(N, H, DK, DV)
+    expanded = r(1, H, DK, DV).to(device).expand(N, H, DK, DV)
     expect_error(DEC, "state must not overlap itself (an expanded or stride-0 tensor), got strides [0, 384, 24, 1]",
                  q, k, v, expanded, slope, anchored=True, state_indices=a["state_indices"])
-    tracked = r(N, H, DK, DV).requires_grad_()
+    tracked = r(N, H, DK, DV).to(device).requires_grad_()
     expect_error(DEC, "state must not require grad (it is updated in place, which autograd cannot track)",
                  q, k, v, tracked, slope, written=(tracked.detach(),), state_indices=a["state_indices"])
 
 
-def test_decode_refuses_state_sharing_memory_with_an_input():
-    a = decode_args()
-    buf = r(N * H * DK * DV + 3 * H * DK)
+def test_decode_refuses_state_sharing_memory_with_an_input(device):
+    a = on(device, decode_args())
+    buf = r(N * H * DK * DV + 3 * H * DK).to(device)
     state = buf[: N * H * DK * DV].view(N, H, DK, DV)
     q = buf[N * H * DK * DV - 3 * H * DK:][: 3 * H * DK].view(3, 1, H, DK)  # overlaps the last slot
     expect_error(DEC, "state must not share memory with q", q, a["k"], a["v"], state, a["slope"], anchored=True,
