@@ -18,7 +18,7 @@
 #   GPU_CHECK_BUDGET=540        total seconds
 #   GPU_CHECK_SKIP=a,b          stages to skip: env build register smoke probes cuda_tests memcheck racecheck
 #                               bench_attention bench_decode bench_mla cpu_tests
-#   GPU_CHECK_XDIST=8           pytest-xdist workers for the test suites (0: none; used if installed)
+#   GPU_CHECK_XDIST=14          pytest-xdist workers for the test suites (0: none; used if installed)
 #   GPU_CHECK_CPU_TESTS=1       run the CPU cases last with the time left (0: never)
 #   PYTHON=python3, MAX_JOBS=16, TORCH_CUDA_ARCH_LIST=9.0 (build)
 #   Without a GPU (a dry run of the script itself) the GPU stages skip and the benchmarks run on the
@@ -37,7 +37,7 @@ cd "$REPO" || exit 2
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SKIP=",${GPU_CHECK_SKIP:-},"
-XDIST=${GPU_CHECK_XDIST:-8}
+XDIST=${GPU_CHECK_XDIST:-14}  # the float64 references run on the CPU: workers up to the 16 cores pay
 CPU_TESTS=${GPU_CHECK_CPU_TESTS:-1}
 PY=${PYTHON:-python3}
 command -v "$PY" >/dev/null 2>&1 || PY=python
