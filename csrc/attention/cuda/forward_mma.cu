@@ -7,7 +7,8 @@
 // share every K/V tile the block loads: decode (Tq = 1) with group 8 fills 8 rows of a 16-row MMA, MLA
 // (one KV head for all heads) puts 16 heads in each warp's rows.
 //
-// Warps. Warp w computes the 16 rows of slice w / kWarpsD and the output columns of slice w % kWarpsD.
+// Warps. Warp w computes the 16 rows (16 kSlices with the two-slice tiles) of row slice w / kWarpsD and the
+// output columns of slice w % kWarpsD.
 // kWarpsD = 1 except for MLA (576/512): 16 rows x 512 fp32 columns would need 256 accumulator registers
 // per thread, so two warps split Dv (128 registers each, as for head dim 256) and each computes the whole
 // S = Q K^T of its rows. That repeats 576 of the 576 + 512 MMA columns per key (~1.5x the tensor work),
@@ -45,6 +46,9 @@
 //   256/256       4 x 1              64       32       101.0 KB          255        2 / 2
 //   576/512       2 x 2              32       32       176.3 KB          254        1 / 2
 //                                                      (111.3 V from K)             (2 / 2)
+// Two-slice tiles (ATTN_OPS_CUDA_FWD_SLICES=2, experimental), 4 x 1 warps of 32 rows, kBlockM 128:
+//   64/64 (kBlockN 64) 255 registers; 96/96 (32) 230; 128/128 (32) 255 with 32 bytes of spills (8 values
+//   stored once before the key loop).
 //
 // Expected limits: below FlashAttention-2 on the same GPU (no swizzled smem or register-resident Q: Q
 // fragments are re-read from smem per tile; 16 rows per warp; two barriers per tile; an offset per key,
@@ -64,6 +68,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <tuple>
 #include <type_traits>
 
@@ -74,11 +80,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kSlots = 3;  // key-offset slots: tile t + 2 is written while tile t is masked and t + 1 copied
 
-// Tile shape of one (dim_qk, dim_v) pair.
-template <int Dqk, int Dv, int WarpsM, int WarpsD, int BlockN>
+// Tile shape of one (dim_qk, dim_v) pair. Slices: m16 row slices per warp (1, or 2 for the two-slice tiles,
+// whose K / V fragments each feed two MMAs).
+template <int Dqk, int Dv, int WarpsM, int WarpsD, int BlockN, int Slices = 1>
 struct Tile {
   static constexpr int kDqk = Dqk, kDv = Dv, kWarpsM = WarpsM, kWarpsD = WarpsD, kBlockN = BlockN;
-  static constexpr int kBlockM = 16 * kWarpsM;  // rows of a block: one m16 slice per warp row
+  static constexpr int kSlices = Slices;
+  static constexpr int kBlockM = 16 * kSlices * kWarpsM;  // rows of a block: kSlices m16 slices per warp row
   static constexpr int kThreads = kWarpSize * kWarpsM * kWarpsD;
   static constexpr int kDvWarp = kDv / kWarpsD;  // output columns of one warp
   // smem row pitches in elements (Q and K share one): 8 more than a row, an odd number of 16-byte units.
@@ -97,12 +105,19 @@ struct Tile {
            ((kBlockM + 2 * kBlockN) * kKPitch + (v_in_k ? 0 : 2 * kBlockN * kVPitch)) * kElemBytes;
   }
   // Blocks per SM asked of ptxas (its register budget): as many as the smem allows on an H100 (228 KB,
-  // 1 KB reserved per block), at most 3: 4 would cap registers at 128, and the 64/64 tile then spills.
-  static constexpr int kMinBlocks = std::min(3, 228 * 1024 / (smem_bytes(false) + 1024));
+  // 1 KB reserved per block), at most 3: 4 would cap registers at 128, and the 64/64 tile then spills. Two
+  // slices hold twice the accumulators: at most 2 blocks (255 registers).
+  static constexpr int kMinBlocks = std::min(kSlices == 1 ? 3 : 2, 228 * 1024 / (smem_bytes(false) + 1024));
 };
 
 using Tiles = std::tuple<Tile<64, 64, 4, 1, 64>, Tile<96, 96, 4, 1, 64>, Tile<128, 128, 4, 1, 64>,
                          Tile<192, 128, 4, 1, 32>, Tile<256, 256, 4, 1, 32>, Tile<576, 512, 2, 2, 32>>;
+// Experimental, opt-in (ATTN_OPS_CUDA_FWD_SLICES=2), not yet run on a GPU: 32 rows per warp, as
+// FlashAttention-2's 128-row blocks, so each ldmatrix of K or V feeds two MMAs (half the shared-memory reads
+// per FLOP) and each warp has twice the independent MMAs in flight. 32-key tiles for 96 and 128 keep the
+// doubled S and O accumulators within 255 registers.
+using TwoSliceTiles =
+    std::tuple<Tile<64, 64, 4, 1, 64, 2>, Tile<96, 96, 4, 1, 32, 2>, Tile<128, 128, 4, 1, 32, 2>>;
 
 // Host-computed constants of one launch.
 struct Launch {
@@ -146,8 +161,12 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
   const uint32_t sv = p.v_in_k ? sk : sk + 2 * kKBuf;         // [2][BN][v_pitch] double-buffered V
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
-  const int wm = warp / C::kWarpsD, wd = warp % C::kWarpsD;  // row slice, output-column slice
+  const int wm = warp / C::kWarpsD, wd = warp % C::kWarpsD;  // row slices, output-column slice
   const int g = lane / 4, c = 2 * (lane % 4);                // fragment row and column (mma_16816)
+  // This thread's rows: g + 8 h of each of the warp's kSlices m16 slices; row i (of kRows) is slice i / 2,
+  // half i % 2, at block row warp_row0 + 16 (i / 2) + g + 8 (i % 2).
+  constexpr int kSl = C::kSlices, kRows = 2 * kSl;
+  const int warp_row0 = wm * 16 * kSl;
 
   // Late row tiles first: under a causal mask they see the most keys.
   const int64_t tile = p.row_tiles - 1 - blockIdx.x % p.row_tiles;
@@ -183,14 +202,14 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
   const int block_lo = key_rel(klo), block_hi = key_rel(khi);
   const int n_tiles = block_hi >= block_lo ? block_hi / BN + 1 : 0;
 
-  // Windows of this thread's rows g and g + 8 of its warp's slice (rows past len_q: empty), and their
-  // extremes over the valid rows of the warp.
-  bool valid[2];
-  int lo[2], hi[2];
+  // Windows of this thread's rows (rows past len_q: empty), and their extremes over the valid rows of the
+  // warp.
+  bool valid[kRows];
+  int lo[kRows], hi[kRows];
   int lo_min = INT_MAX, lo_max = INT_MIN, hi_min = INT_MAX, hi_max = INT_MIN;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = (r0 + wm * 16 + g + 8 * r) / a.group;
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t i = (r0 + warp_row0 + 16 * (r / 2) + g + 8 * (r % 2)) / a.group;
     valid[r] = i < len_q;
     lo[r] = 0;
     hi[r] = -1;
@@ -244,7 +263,7 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
   //   V, B of O = P V (stored keys x columns, read transposed): matrices (keys 0-7, cols 0-7),
   //     (keys 8-15, cols 0-7), (keys 0-7, cols 8-15), (keys 8-15, cols 8-15) = b0, b1 of column n-tile 0,
   //     then b0, b1 of column n-tile 1.
-  const uint32_t q_addr = sq + ((wm * 16 + lane % 16) * kPitch + lane / 16 * 8) * kElemBytes;
+  const uint32_t q_addr = sq + ((warp_row0 + lane % 16) * kPitch + lane / 16 * 8) * kElemBytes;  // slice 0
   const uint32_t k_addr = sk + ((lane % 8 + lane / 16 * 8) * kPitch + lane / 8 % 2 * 8) * kElemBytes;
   const uint32_t v_addr = sv + ((lane % 8 + lane / 8 % 2 * 8) * v_pitch + wd * C::kDvWarp + lane / 16 * 8) * kElemBytes;
 
@@ -253,9 +272,14 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
   const float dot_mul = cap > 0.f ? a.logit.scale / cap : a.logit.scale * kLog2e;
   const float cap_log2 = cap * kLog2e;
 
-  float o[C::kDvWarp / 8][4] = {};  // O: n-tile n holds rows g, g + 8 x columns wd * kDvWarp + 8 n + c + {0, 1}
-  float m[2] = {neg_inf<float>(), neg_inf<float>()};  // running max of rows g, g + 8 (log2 units)
-  float l[2] = {0.f, 0.f};  // running sum over this thread's columns (summed over the quad at the end)
+  // O of slice sl: n-tile n holds its rows g, g + 8 x columns wd * kDvWarp + 8 n + c + {0, 1}.
+  float o[kSl][C::kDvWarp / 8][4] = {};
+  float m[kRows], l[kRows];  // running max (log2 units) and sum over this thread's columns of each row
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    m[r] = neg_inf<float>();
+    l[r] = 0.f;  // summed over the quad at the end
+  }
 
   auto compute_tile = [&](int t) {
     const int j0 = t * BN;
@@ -263,33 +287,46 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
       return;  // no row of this warp sees a key of the tile (or the warp has no row)
     }
     const int buf = t % 2;
-    float sc[BN / 8][4] = {};  // S: n-tile n holds rows g, g + 8 x keys j0 + 8 n + c + {0, 1}
+    // S of slice sl: n-tile n holds its rows g, g + 8 x keys j0 + 8 n + c + {0, 1}.
+    float sc[kSl][BN / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < C::kDqk / 16; ++kk) {
-      uint32_t qa[4];
-      ldmatrix_x4<false>(qa, q_addr + kk * 16 * kElemBytes);
+      uint32_t qa[kSl][4];
+#pragma unroll
+      for (int sl = 0; sl < kSl; ++sl) {
+        ldmatrix_x4<false>(qa[sl], q_addr + (sl * 16 * kPitch + kk * 16) * kElemBytes);
+      }
 #pragma unroll
       for (int np = 0; np < BN / 16; ++np) {
         uint32_t kb[4];
         ldmatrix_x4<false>(kb, k_addr + buf * kKBuf + (np * 16 * kPitch + kk * 16) * kElemBytes);
-        mma_16816<T>(sc[2 * np], qa, kb[0], kb[1]);
-        mma_16816<T>(sc[2 * np + 1], qa, kb[2], kb[3]);
+#pragma unroll
+        for (int sl = 0; sl < kSl; ++sl) {
+          mma_16816<T>(sc[sl][2 * np], qa[sl], kb[0], kb[1]);
+          mma_16816<T>(sc[sl][2 * np + 1], qa[sl], kb[2], kb[3]);
+        }
       }
     }
-    if (cap > 0.f) {
+    if (cap > 0.f) {  // one branch per tile, not per element: tanhf is not evaluated without a cap
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n) {
+      for (int sl = 0; sl < kSl; ++sl) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[n][e] = cap_log2 * tanhf(dot_mul * sc[n][e]);
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            sc[sl][n][e] = cap_log2 * tanhf(dot_mul * sc[sl][n][e]);
+          }
         }
       }
     } else {
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n) {
+      for (int sl = 0; sl < kSl; ++sl) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[n][e] *= dot_mul;
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            sc[sl][n][e] *= dot_mul;
+          }
         }
       }
     }
@@ -305,7 +342,7 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
     }
     if (readable != ~0ull >> (64 - BN) || j0 < lo_max || j0 + BN - 1 > hi_min) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         const int first = max(lo[r] - j0, 0), last = min(hi[r] - j0, BN - 1);  // visible columns of row r
         const uint64_t window = first <= last ? (~0ull >> (63 - last)) & (~0ull << first) : 0;
         const uint64_t keep = (readable & window) >> c;  // bit 8 n + e: column 8 n + c + e of this thread
@@ -314,19 +351,21 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             if (!(keep >> (8 * n + e) & 1)) {
-              sc[n][2 * r + e] = neg_inf<float>();
+              sc[r / 2][n][2 * (r % 2) + e] = neg_inf<float>();
             }
           }
         }
       }
     }
-    // Online softmax: the quad of lanes 4g .. 4g + 3 holds rows g and g + 8.
+    // Online softmax: the quad of lanes 4g .. 4g + 3 holds rows g and g + 8 of each slice; row r is slice
+    // r / 2, elements 2 h, 2 h + 1 (h = r % 2) of its n-tiles.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < kRows; ++r) {
+      const int sl = r / 2, h = r % 2;
       float top = m[r];
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n) {
-        top = nan_max(top, nan_max(sc[n][2 * r], sc[n][2 * r + 1]));
+        top = nan_max(top, nan_max(sc[sl][n][2 * h], sc[sl][n][2 * h + 1]));
       }
       top = nan_max(top, __shfl_xor_sync(0xffffffffu, top, 1));
       top = nan_max(top, __shfl_xor_sync(0xffffffffu, top, 2));
@@ -336,36 +375,44 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
       l[r] *= correction;
 #pragma unroll
       for (int n = 0; n < C::kDvWarp / 8; ++n) {
-        o[n][2 * r] *= correction;
-        o[n][2 * r + 1] *= correction;
+        o[sl][n][2 * h] *= correction;
+        o[sl][n][2 * h + 1] *= correction;
       }
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n) {
-        sc[n][2 * r] = exp2f(sc[n][2 * r] - ref);
-        sc[n][2 * r + 1] = exp2f(sc[n][2 * r + 1] - ref);
-        l[r] += sc[n][2 * r] + sc[n][2 * r + 1];
+        sc[sl][n][2 * h] = exp2f(sc[sl][n][2 * h] - ref);
+        sc[sl][n][2 * h + 1] = exp2f(sc[sl][n][2 * h + 1] - ref);
+        l[r] += sc[sl][n][2 * h] + sc[sl][n][2 * h + 1];
       }
     }
     // O += P V: the accumulators of key n-tiles 2 kk, 2 kk + 1 are the A fragment of key step kk.
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t pa[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]), pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      uint32_t pa[kSl][4];
+#pragma unroll
+      for (int sl = 0; sl < kSl; ++sl) {
+        pa[sl][0] = pack2<T>(sc[sl][2 * kk][0], sc[sl][2 * kk][1]);
+        pa[sl][1] = pack2<T>(sc[sl][2 * kk][2], sc[sl][2 * kk][3]);
+        pa[sl][2] = pack2<T>(sc[sl][2 * kk + 1][0], sc[sl][2 * kk + 1][1]);
+        pa[sl][3] = pack2<T>(sc[sl][2 * kk + 1][2], sc[sl][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int np = 0; np < C::kDvWarp / 16; ++np) {
         uint32_t vb[4];
         ldmatrix_x4<true>(vb, v_addr + buf * v_buf + (kk * 16 * v_pitch + np * 16) * kElemBytes);
-        mma_16816<T>(o[2 * np], pa, vb[0], vb[1]);
-        mma_16816<T>(o[2 * np + 1], pa, vb[2], vb[3]);
+#pragma unroll
+        for (int sl = 0; sl < kSl; ++sl) {
+          mma_16816<T>(o[sl][2 * np], pa[sl], vb[0], vb[1]);
+          mma_16816<T>(o[sl][2 * np + 1], pa[sl], vb[2], vb[3]);
+        }
       }
     }
   };
 
   if (n_tiles > 0) {
-    if (tid < C::kBlockM) {
-      const int64_t row = r0 + tid, i = row / a.group;
-      q_off[tid] = i < len_q ? a.q_layout.at(b, s.q0, i, kv_head * a.group + row % a.group) : -1;
+    for (int q_row = tid; q_row < C::kBlockM; q_row += C::kThreads) {
+      const int64_t row = r0 + q_row, i = row / a.group;
+      q_off[q_row] = i < len_q ? a.q_layout.at(b, s.q0, i, kv_head * a.group + row % a.group) : -1;
     }
     write_key_offsets(0);
     if (n_tiles > 1) {
@@ -396,17 +443,19 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
   // Row sums over the quad, then store as store_row does: out = O / l, lse = m + log l; 0 and -inf for a
   // row that saw no key; with splits, normalised fp32 partials for merge_splits_kernel.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
   const bool writes_lse = wd == 0 && lane % 4 == 0;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     if (!valid[r]) {
       continue;
     }
-    const int64_t row = r0 + wm * 16 + g + 8 * r, pos = row / a.group, head = kv_head * a.group + row % a.group;
+    const int sl = r / 2, h = r % 2;
+    const int64_t row = r0 + warp_row0 + 16 * sl + g + 8 * h, pos = row / a.group;
+    const int64_t head = kv_head * a.group + row % a.group;
     // l == 0: no visible key (zeros, -inf); a NaN l (NaN in a score) stays NaN in both.
     const float inv = l[r] != 0.f ? 1.f / l[r] : 0.f;
     const float lse = l[r] != 0.f ? (m[r] + log2f(l[r])) * kLn2 : neg_inf<float>();
@@ -415,7 +464,7 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
       T* out = a.out + a.out_layout.at(b, s.q0, pos, head) + col0;
 #pragma unroll
       for (int n = 0; n < C::kDvWarp / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(out + 8 * n) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + 8 * n) = pack2<T>(o[sl][n][2 * h] * inv, o[sl][n][2 * h + 1] * inv);
       }
       if (writes_lse) {
         a.lse[a.lse_layout.at(b, s.q0, pos, head)] = lse;
@@ -425,7 +474,7 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
       float* out = a.partial_out + idx * a.dim_v + col0;
 #pragma unroll
       for (int n = 0; n < C::kDvWarp / 8; ++n) {
-        *reinterpret_cast<float2*>(out + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        *reinterpret_cast<float2*>(out + 8 * n) = make_float2(o[sl][n][2 * h] * inv, o[sl][n][2 * h + 1] * inv);
       }
       if (writes_lse) {
         a.partial_lse[idx] = lse;
@@ -473,10 +522,19 @@ void launch_tile(const ForwardArgs<T>& a) {
               " row blocks, ", a.splits, " splits)");
   const int smem = C::smem_bytes(p.v_in_k);
   allow_dynamic_smem<forward_mma_kernel<T, C>>(smem);
-  record_launch("forward_mma", {C::kDqk, C::kDv, p.v_in_k, smem, a.splits, a.split_min_keys});
+  record_launch("forward_mma", {C::kDqk, C::kDv, p.v_in_k, smem, a.splits, a.split_min_keys, 16 * C::kSlices});
   forward_mma_kernel<T, C><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits)), C::kThreads,
                              smem, at::cuda::getCurrentCUDAStream()>>>(a, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ATTN_OPS_CUDA_FWD_SLICES=2 asks for the experimental two-slice tiles (TwoSliceTiles) where the head dims have
+// one, for launches of at least one 128-row block per (batch, KV head): decode keeps the 64-row tiles, most of
+// whose rows it leaves empty already. Read at every launch, so that a test can switch it.
+template <typename T>
+bool two_slice_tiles_requested(const ForwardArgs<T>& a) {
+  const char* value = std::getenv("ATTN_OPS_CUDA_FWD_SLICES");
+  return value != nullptr && std::strcmp(value, "2") == 0 && a.max_len_q * a.group >= 128;
 }
 
 }  // namespace
@@ -503,6 +561,19 @@ bool mma_forward_aligned(const ForwardArgs<T>& a) {
 
 template <typename T>
 void launch_forward_mma(const ForwardArgs<T>& a) {
+  if (two_slice_tiles_requested(a)) {
+    bool launched = false;
+    with_tile<TwoSliceTiles>(a.dim_qk, a.dim_v, [&](auto tile) {
+      using C = decltype(tile);
+      if (mma_smem_fits(C::smem_bytes(false))) {
+        launch_tile<T, C>(a);
+        launched = true;
+      }
+    });
+    if (launched) {
+      return;
+    }
+  }
   const bool found = with_tile<Tiles>(a.dim_qk, a.dim_v, [&](auto tile) { launch_tile<T, decltype(tile)>(a); });
   TORCH_INTERNAL_ASSERT(found, "launch_forward_mma: no tile for head dims ", a.dim_qk, "/", a.dim_v);
 }

@@ -10,7 +10,7 @@
 namespace attn_ops::cuda {
 
 // Replaces the record of `kernel` ("forward_mma": dim_qk, dim_v, v_in_k, dynamic smem bytes, max splits,
-// split_min_keys; "backward_mma": dim_qk, dim_v, query-head splits).
+// split_min_keys, rows per warp; "backward_mma": dim_qk, dim_v, query-head splits).
 void record_launch(const std::string& kernel, std::vector<int64_t> values);
 
 }  // namespace attn_ops::cuda
