@@ -43,6 +43,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from .. import _huge_pages
 from .. import ops as _ops
 from .._deprecation import deprecated_arguments, renamed_attribute
 from ._common import check_positive
@@ -58,8 +59,8 @@ class OutOfBlocksError(RuntimeError):
 
 def _per_layer(num_layers: int, shape: Tuple[int, ...], dtype: torch.dtype, device) -> List[Tensor]:
     """``num_layers`` zero tensors of ``shape`` (separate allocations, so compiled code never sees
-    aliased inputs)."""
-    return [torch.zeros(*shape, dtype=dtype, device=device) for _ in range(num_layers)]
+    aliased inputs); on a Linux CPU, in transparent huge pages (attn_ops/_huge_pages.py: faster decode)."""
+    return [_huge_pages.zeros(*shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
 
 def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, head_dim: int,
