@@ -8,6 +8,7 @@ A second, static copy of libstdc++ inside the library (a compiler set up to link
 
 Standard library only: setup.py loads this file before the package can be imported.
 """
+import os
 import struct
 
 _SHT_DYNAMIC = 6
@@ -41,7 +42,9 @@ def needed_libraries(path):
 
 def static_libstdcxx_problem(library, torch_library):
     """A message when ``library`` does not link the shared libstdc++ that ``torch_library`` (libc10) links,
-    else None (also when either file is not ELF64, or torch links no libstdc++)."""
+    else None (also when either file is missing or not ELF64, or torch links no libstdc++)."""
+    if not (os.path.isfile(library) and os.path.isfile(torch_library)):
+        return None
     ours, torchs = needed_libraries(library), needed_libraries(torch_library)
     if ours is None or torchs is None or not any(n.startswith("libstdc++") for n in torchs):
         return None
