@@ -86,30 +86,6 @@ def test_attention_varlen(causal, dtype):
     check_backward(q, k, v, **kw)
 
 
-# The experimental two-slice forward tiles (ATTN_OPS_CUDA_FWD_SLICES=2: 32 rows per warp, head dims 64, 96,
-# 128; used only for at least 128 rows per (batch, KV head)): the same checks, and the launch record says
-# they ran. name: (B, Tq, Tk, Hq, Hkv, D, dtype, kwargs)
-TWO_SLICE_CASES = {
-    "d64_full_f16": (2, 150, 200, 4, 2, 64, F16, {}),
-    "d96_causal_bf16": (1, 300, 300, 8, 2, 96, BF16, dict(causal=True)),
-    "d128_gqa_causal_bf16": (2, 130, 257, 8, 1, 128, BF16, dict(causal=True)),
-    "d128_window_softcap_f16": (1, 200, 260, 4, 4, 128, F16, dict(window_left=40, window_right=7, softcap=20.0)),
-}
-
-
-@pytest.mark.parametrize("case", list(TWO_SLICE_CASES))
-def test_attention_two_slice_tiles(case, monkeypatch):
-    B, Tq, Tk, Hq, Hkv, D, dtype, kw = TWO_SLICE_CASES[case]
-    monkeypatch.setenv("ATTN_OPS_CUDA_FWD_SLICES", "2")
-    q, k, v = dense_inputs(B, Tq, Tk, Hq, Hkv, D, D, dtype, DEV)
-    check_forward(q, k, v, **kw)
-    record = list(torch.ops.attn_ops._cuda_last_launch(torch.empty(0, device=DEV), "forward_mma"))
-    assert record[:2] == [D, D] and record[6] == 32, record
-    cq = torch.tensor([0, 0, 140, 150], dtype=torch.int32, device=DEV)  # varlen, an empty sequence
-    qv, kv_, vv = (t.reshape(-1, *t.shape[2:])[:150] for t in (q, k, v))
-    check_forward(qv, kv_, vv, cu_seqlens_q=cq, cu_seqlens_k=cq, **kw)
-
-
 def test_racecheck_attention():
     """The one small case gpu_check.sh runs under compute-sanitizer --tool racecheck: forward on the
     tensor-core path with split-KV and its merge, and backward, on the GPU; the references on the
