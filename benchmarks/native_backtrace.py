@@ -26,8 +26,8 @@ def build_handler(workdir):
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         sys.exit("native_backtrace: no C compiler (gcc / cc) on PATH")
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", lib, os.path.join(HERE, "native_backtrace", "segv_backtrace.c")],
-                   check=True)
+    source = os.path.join(HERE, "native_backtrace", "segv_backtrace.c")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", lib, source], check=True)
     return lib
 
 
