@@ -50,7 +50,11 @@ def test_check_names_a_static_runtime(tmp_path, static):
     source.write_text(SOURCE)
     library = tmp_path / "libformat.so"
     flags = ["-static-libstdc++"] if static else []
-    subprocess.run(["g++", "-shared", "-fPIC", "-O1", *flags, str(source), "-o", str(library)], check=True)
+    built = subprocess.run(["g++", "-shared", "-fPIC", "-O1", *flags, str(source), "-o", str(library)],
+                           capture_output=True, text=True)
+    if static and built.returncode != 0:
+        pytest.skip(f"g++ cannot link libstdc++ statically here: {built.stderr.strip()[-200:]}")
+    assert built.returncode == 0, built.stderr
     needed = _linkage.needed_libraries(str(library))
     assert any(n.startswith("libstdc++") for n in needed) != static, needed
     problem = _linkage.static_libstdcxx_problem(str(library), TORCH_C10)
