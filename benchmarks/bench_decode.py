@@ -4,6 +4,8 @@ appends against PyTorch's paths, side by side, in one run.
 Decode, per (B, context, Hkv): q [B, 1, Hq, D]; every row attends to `context` cached keys (a full
 cache, cache_seqlens = context). Compared on the same values:
   ours          attn_ops.attention_with_kvcache over a contiguous cache [B, context, Hkv, D]
+  ours[huge]    the same call over a copy of the cache in transparent huge pages (CPU, Linux: how the
+                attn_ops.nn cache modules allocate; attn_ops/_huge_pages.py)
   ours[graph]   the same call captured in a CUDA graph and replayed (CUDA only): no host work per
                 call (the op's value checks, which copy cache_seqlens to the host, are skipped
                 under capture), so this is the kernels' own time
@@ -73,7 +75,7 @@ from baselines import DTYPES  # noqa: E402
 from reporting import bw_cell  # noqa: E402
 
 CUDA_IMPLS = ["ours", "ours[graph]", "ours[bhtd]", "paged16", "paged1", "sdpa", "flex", "eager"]
-CPU_IMPLS = ["ours", "ours[bhtd]", "paged16", "paged1", "sdpa", "eager"]
+CPU_IMPLS = ["ours", "ours[huge]", "ours[bhtd]", "paged16", "paged1", "sdpa", "eager"]
 
 
 def parse_args(argv=None):
@@ -103,6 +105,8 @@ def parse_args(argv=None):
     args.context = args.context or ([8192] if args.quick else [1024, 8192, 32768])
     args.hkv = args.hkv or [8, 1]
     args.impls = cli.select_impls(args, CUDA_IMPLS, CPU_IMPLS, ("ours[graph]", "flex"))
+    if args.device == "cuda":
+        args.impls = [i for i in args.impls if i != "ours[huge]"]  # host memory only
     args.append_batch = args.append_batch if args.append_batch is not None else 16
     args.append_tokens = args.append_tokens if args.append_tokens is not None else 1024
     for hkv in args.hkv:
@@ -152,6 +156,15 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
                 graph, out = timing.cuda_graph(lambda: attn_ops.attention_with_kvcache(q, k, v, lens)[0])
                 return lambda: (graph.replay(), out)[1]
         record(impl, *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+    if "ours[huge]" in args.impls:
+        from attn_ops import _huge_pages  # attn_ops itself is imported (machine.import_attn_ops) by now
+
+        kh, vh = (_huge_pages.zeros(*t.shape, dtype=dtype, device=device).copy_(t) for t in (k, v))
+
+        def make():
+            return lambda: attn_ops.attention_with_kvcache(q, kh, vh, lens)[0]
+        record("ours[huge]", *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+        del kh, vh
     for impl in [i for i in args.impls if i.startswith("paged")]:
         bs = block_size_of(impl)
         try:
@@ -219,7 +232,7 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
     if "ours" in outs and "sdpa" in outs:
         row["rel_diff_vs_sdpa"] = baselines.rel_maxdiff(outs["ours"], outs["sdpa"])
     paged_diffs = [baselines.rel_maxdiff(outs[i], outs["ours"]) for i in outs
-                   if (i.startswith("paged") or i == "ours[bhtd]") and "ours" in outs]
+                   if (i.startswith("paged") or i in ("ours[bhtd]", "ours[huge]")) and "ours" in outs]
     if paged_diffs:
         row["rel_diff_paged_vs_contiguous"] = max(paged_diffs)
     return row
@@ -384,7 +397,8 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
                  f"({cp:.0f} GB/s); ours % read = the same against the read bandwidth "
                  f"({run.ceilings['read']['gbps']:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
-                 f"work). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
+                 f"work). ours[huge] = ours over a copy of the cache in transparent huge pages (how the attn_ops.nn "
+                 f"caches allocate on Linux). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
                  f"as a transposed view, read in place. paged16 / paged1 = ours over a paged cache with that block size. The "
                  f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
                  f"max abs(sdpa); paged diff: the largest of the same for paged and ours[bhtd] against contiguous. "
