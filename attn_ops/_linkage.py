@@ -40,15 +40,18 @@ def needed_libraries(path):
     return needed
 
 
+def links_shared_libstdcxx(needed):
+    """Whether a DT_NEEDED list (needed_libraries) names the shared libstdc++."""
+    return any(name.startswith("libstdc++") for name in needed)
+
+
 def static_libstdcxx_problem(library, torch_library):
     """A message when ``library`` does not link the shared libstdc++ that ``torch_library`` (libc10) links,
     else None (also when either file is missing or not ELF64, or torch links no libstdc++)."""
     if not (os.path.isfile(library) and os.path.isfile(torch_library)):
         return None
     ours, torchs = needed_libraries(library), needed_libraries(torch_library)
-    if ours is None or torchs is None or not any(n.startswith("libstdc++") for n in torchs):
-        return None
-    if any(n.startswith("libstdc++") for n in ours):
+    if ours is None or torchs is None or not links_shared_libstdcxx(torchs) or links_shared_libstdcxx(ours):
         return None
     return (f"{library} does not link the shared libstdc++ that torch uses (it links only {', '.join(ours)}): "
             "the compiler linked a static copy of the C++ runtime, and the first C++ object passed between "

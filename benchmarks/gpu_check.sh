@@ -295,13 +295,13 @@ else
     how="pip install -e ."
     # setup.py refuses a library with its own static copy of libstdc++ (attn_ops/_linkage.py): a compiler
     # wrapper set up that way (as $CXX on the first GPU machine was) is swapped for the system's compilers.
-    if [[ $RC -ne 0 ]] && grep -q "does not link the shared libstdc++" "$WORK/build.log" && [[ -x /usr/bin/g++ ]]; then
+    if [[ $RC -ne 0 && -x /usr/bin/g++ ]] && grep -q "does not link the shared libstdc++" "$WORK/build.log"; then
       mv "$WORK/build.log" "$WORK/build_static_runtime.log"
       limit=$(( $(remaining) - RESERVE - 60 ))
       (( limit < 30 )) && limit=30
       export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
       run_stage build "$limit" "$PY" -m pip install -v --no-build-isolation --no-deps --no-index -e .
-      how="pip install -e . with CXX=/usr/bin/g++ (the first build linked libstdc++ statically: build_static_runtime.log)"
+      how="pip install -e . with CXX=/usr/bin/g++ (the first linked libstdc++ statically: build_static_runtime.log)"
     fi
     # pip failed before compiling (offline metadata, missing wheel, read-only site-packages...):
     # fall back to an in-place build; a compile error would only repeat.
@@ -328,7 +328,7 @@ import torch, attn_ops
 print("attn_ops from", attn_ops.__file__, "library", attn_ops._C.__file__)
 from attn_ops import _linkage
 needed = _linkage.needed_libraries(attn_ops._C.__file__) or []
-print("C++ runtime:", "shared libstdc++" if any(n.startswith("libstdc++") for n in needed)
+print("C++ runtime:", "shared libstdc++" if _linkage.links_shared_libstdcxx(needed)
       else f"NO shared libstdc++ (links {needed})")
 ops = ["attention", "attention_backward", "attention_with_kvcache", "kv_cache_append",
        "paged_kv_cache_append", "rotary_embedding", "rotary_embedding_", "mla_cache_append", "mla_decode"]

@@ -1,12 +1,12 @@
-// Value checks of index tensors (and of lightning attention's decay rates) on the device, for CUDA inputs (CPU and
-// of the shared validation, which for a CUDA tensor would copy it to the host: a synchronisation on every
-// eager call). Each check is one small kernel on the current stream, launched after the shape checks and
-// before the op's first write kernel: at the first bad value it prints the message of the host check
-// ("attn_ops.<op>: <argument>[i] = v ...") and fails a device-side assert, as CUDA_KERNEL_ASSERT does.
-// That ends the CUDA context, so the op's later kernels never run: a rejected in-place call writes
-// nothing. The error reaches Python at the next synchronising call, as "CUDA error: device-side assert
-// triggered", the message on stdout. Under CUDA-graph capture the checks are not recorded (the kernels then clamp or skip bad indices,
-// docs/cuda.md). Every check is a no-op for an empty tensor.
+// Value checks of index tensors (and of lightning attention's decay rates) on the device, for CUDA inputs
+// (CPU and Meta inputs keep the host checks of the shared validation, which for a CUDA tensor would copy it
+// to the host: a synchronisation on every eager call). Each check is one small kernel on the current stream,
+// launched after the shape checks and before the op's first write kernel: at the first bad value it prints
+// the message of the host check ("attn_ops.<op>: <argument>[i] = v ...") and fails a device-side assert, as
+// CUDA_KERNEL_ASSERT does. That ends the CUDA context, so the op's later kernels never run: a rejected
+// in-place call writes nothing. The error reaches Python at the next synchronising call, as "CUDA error:
+// device-side assert triggered", the message on stdout. Under CUDA-graph capture the checks are not recorded
+// (the kernels then clamp or skip bad indices, docs/cuda.md). Every check is a no-op for an empty tensor.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,8 +1,9 @@
 // CUDA host code of lightning_attention, lightning_attention_backward and lightning_attention_decode_: the
 // same passes as the CPU backend (see lightning/cpu/lightning_cpu.cpp for the gradient formulas), each one
 // launch of lightning_pass_kernel on the current stream, after the device-side value checks of slope, cu_seqlens
-// and state_indices (the host checks of the shared validation for CPU inputs). The forward ran on an H200
-// (2026-11-27); the backward and decode are compiled for sm_90 but not yet run on a GPU.
+// and state_indices (the host checks of the shared validation for CPU inputs). On an H200 (2026-11-27) the
+// forward's CUDA tests and one float32 backward test ran, before these device checks existed; the decode and
+// the checks are compiled for sm_90 but not yet run on a GPU.
 #include "common/cuda/index_checks.h"
 #include "lightning/cuda/pass_kernel.cuh"
 #include "lightning/entry.h"
