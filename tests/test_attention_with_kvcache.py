@@ -63,6 +63,9 @@ CASES = {
     "dk128_dv64_causal_window": (4, 4, 2, 128, 64, [33, 65], None, None, dict(window_left=16)),
     "views_paged16": (4, 4, 2, 64, 64, [20, 50], 16, ("transposed", "transposed"), {}),
     "views_contig_fused": (1, 4, 2, 64, 64, [20, 50], None, ("sliced", "kv_fused"), {}),
+    # [B, Hkv, T, D] caches as transposed views: the decode kernel's one-KV-head work items
+    "decode_head_major": (1, 8, 4, 64, 48, [37, 1, 100, 0], None, ("contiguous", "transposed"),
+                          dict(window_left=40, softcap=5.0)),
 }
 
 
@@ -74,6 +77,32 @@ def test_kvcache_dtypes(case, dtype, device):
     q, kc, vc, sl, bt = kvcache_inputs(len(lens), Tq, Hq, Hkv, Dk, Dv, lens, dtype=dtype,
                                        device=device, block_size=bs, q_layout=ql, cache_layout=cl)
     check_kvcache(q, kc, vc, sl, bt, **kw)
+
+
+@pytest.mark.parametrize("k_major,v_major", [(True, True), (True, False), (False, True)],
+                         ids=["both", "k_only", "v_only"])
+@pytest.mark.parametrize("tq,hq,hkv,dk,dv,lens", [
+    (1, 32, 8, 128, 128, [300, 0, 1, 129]),   # GQA decode, one row per KV head item
+    (2, 12, 3, 80, 96, [70, 2, 65]),          # two positions, head dims past whole vectors
+    (1, 8, 2, 64, 64, [2500]),                # one long row: key splits of the one-head items
+    (3, 4, 4, 32, 32, [9, 40]),               # MHA, three positions
+], ids=["gqa32_8", "tq2_d80_96", "long_row", "mha_tq3"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_kvcache_head_major_cache(dtype, tq, hq, hkv, dk, dv, lens, k_major, v_major, device):
+    # A cache whose heads' rows are each contiguous ([B, Hkv, T, D] viewed as [B, T, Hkv, D], as HF
+    # keeps it) runs the decode kernel one KV head per work item; a mix of layouts takes all heads
+    B, cap = len(lens), max(lens) + 7
+    q = torch.randn(B, tq, hq, dk, dtype=dtype, device=device)
+
+    def cache(dim, head_major):
+        if head_major:
+            return torch.randn(B, hkv, cap, dim, dtype=dtype, device=device).transpose(1, 2)
+        return torch.randn(B, cap, hkv, dim, dtype=dtype, device=device)
+
+    kc, vc = cache(dk, k_major), cache(dv, v_major)
+    sl = torch.tensor(lens, dtype=torch.int32, device=device)
+    check_kvcache(q, kc, vc, sl, causal=True)
+    check_kvcache(q, kc, vc, sl, causal=False, window_left=33, softcap=8.0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -71,6 +71,20 @@ void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0,
   }
 }
 
+// The KV heads per work item: one where each head's keys and values are contiguous rows (a [B, Hkv, T, D] cache,
+// such as HF's passed as a transposed view), else all of them. decode_rows keeps each head's q rows, output
+// accumulators and tile scores hot while the cache streams past; a core overlaps those reads with the
+// arithmetic only while that hot set is well inside L1 (~16 KiB) and the reads run in address order
+// (benchmarks/micro/decode_hot_set.cpp). One head per item gives both where a head's rows are contiguous (B=32
+// bfloat16 measured 1.3x); where the heads of a key sit side by side (BSHD, paged blocks), address order needs
+// all heads in one item, and one head per item measured up to 1.4x slower (zen4_decode_overlap.md).
+int64_t decode_heads_per_item(const AttentionProblem& p, const KeyLayout& k_layout, const KeyLayout& v_layout,
+                              int64_t max_rows) {
+  const bool head_contiguous = k_layout.block_table == nullptr && v_layout.block_table == nullptr &&
+                               k_layout.rows.seq_stride == p.dim_qk && v_layout.rows.seq_stride == p.dim_v;
+  return head_contiguous && max_rows < kGemmDecodeRows ? 1 : p.heads_kv;
+}
+
 // Whether a sequence of len_q queries runs on the decode kernel: few query rows per KV head, or with one
 // KV head (MQA, MLA's latent row) up to kMaxGemmDecodeRows on its GEMM path.
 bool takes_decode_kernel(const AttentionProblem& p, int64_t len_q) {
@@ -85,12 +99,14 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
                            const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout,
                            scalar_t* out, const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
-  const int64_t items = p.batch;  // all KV heads of a sequence together: the cache is read in address order
   int64_t longest_k = 0, max_rows = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     longest_k = std::max(longest_k, p.len_k[b]);
     max_rows = std::max(max_rows, p.len_q[b] * G);
   }
+  const int64_t heads_per_item = decode_heads_per_item(p, k_layout, v_layout, max_rows);
+  const int64_t head_groups = p.heads_kv / heads_per_item;
+  const int64_t items = p.batch * head_groups;
   const double flops = p.forward_flops();
   // Split the keys when the items alone leave threads idle (or unbalanced), never below kMinSplitKeys.
   const int64_t threads = parallel_threads(flops);
@@ -107,10 +123,12 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
 
   parallel_items(
       items * splits, flops, [&] {
-        return DecodeScratch<scalar_t, acc_t>(p.heads_kv, max_rows, Dqk, Dv, max_rows >= kGemmDecodeRows ? kGemmDecodeTile : 0);
+        return DecodeScratch<scalar_t, acc_t>(heads_per_item, max_rows, Dqk, Dv, max_rows >= kGemmDecodeRows ? kGemmDecodeTile : 0);
       },
       [&](int64_t item, DecodeScratch<scalar_t, acc_t>& s) {
-        const int64_t split = item % splits, b = item / splits, Hkv = p.heads_kv;
+        const int64_t split = item % splits, b = item / splits / head_groups;
+        // KV heads [h0, h0 + Hkv) of sequence b
+        const int64_t Hkv = heads_per_item, h0 = item / splits % head_groups * Hkv;
         const int64_t positions = p.len_q[b], rows = positions * G;
         // The keys any row sees, cut into `splits` equal chunks.
         const int64_t first = positions == 0 ? 0 : p.key_lo(b, 0);
@@ -121,7 +139,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
           const int64_t pos = r / G;
           for (int64_t g = 0; g < Hkv; ++g) {
             acc_t* q_row = s.q.data() + (g * rows + r) * Dqk;
-            convert_row(q + q_layout.at(b, pos, g * G + r % G), q_row, Dqk);
+            convert_row(q + q_layout.at(b, pos, (h0 + g) * G + r % G), q_row, Dqk);
             scale_row(q_row, Dqk, scale);
           }
           s.key_lo[r] = p.key_lo(b, pos);
@@ -138,7 +156,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.locate = &locate_rows<scalar_t, acc_t>;
         a.layouts = &cache;
         a.batch = b;
-        a.kv_head = 0;
+        a.kv_head = h0;
         a.k_begin = k_begin;
         a.k_end = k_end;
         a.softcap = static_cast<acc_t>(p.softcap);
@@ -158,7 +176,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.lse = s.lse.data();
         (use_gemm ? gemm_rows : stream_rows)(a);
         for (int64_t gr = 0; gr < Hkv * rows; ++gr) {
-          const int64_t g = gr / rows, r = gr % rows, pos = r / G, h = g * G + r % G;
+          const int64_t g = h0 + gr / rows, r = gr % rows, pos = r / G, h = g * G + r % G;
           if (splits == 1) {
             convert_row(s.out.data() + gr * Dv, out + out_layout.at(b, pos, h), Dv);
             lse[lse_layout.at(b, pos, h)] = s.lse[gr];
