@@ -11,6 +11,8 @@ cache, cache_seqlens = context). Compared on the same values:
                 under capture), so this is the kernels' own time
   paged16 / paged1   ours over a paged cache (block size 16 / 1, blocks in shuffled order,
                 block_table int32 [B, context / block_size])
+  ours[nn]      the same call over attn_ops.nn.KVCache's storage holding the same values (CPU: each layer's
+                k / v the transposed view of a [B, Hkv, context, D] tensor in transparent huge pages)
   ours[bhtd]    ours over the baselines' [B, Hkv, context, D] cache (HF's layout), passed as the
                 view .transpose(1, 2), which the op reads in place: the same bytes in the same order
                 as sdpa's
@@ -74,8 +76,8 @@ import timing  # noqa: E402
 from baselines import DTYPES  # noqa: E402
 from reporting import bw_cell  # noqa: E402
 
-CUDA_IMPLS = ["ours", "ours[graph]", "ours[bhtd]", "paged16", "paged1", "sdpa", "flex", "eager"]
-CPU_IMPLS = ["ours", "ours[huge]", "ours[bhtd]", "paged16", "paged1", "sdpa", "eager"]
+CUDA_IMPLS = ["ours", "ours[graph]", "ours[nn]", "ours[bhtd]", "paged16", "paged1", "sdpa", "flex", "eager"]
+CPU_IMPLS = ["ours", "ours[huge]", "ours[nn]", "ours[bhtd]", "paged16", "paged1", "sdpa", "eager"]
 
 
 def parse_args(argv=None):
@@ -165,6 +167,15 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
             return lambda: attn_ops.attention_with_kvcache(q, kh, vh, lens)[0]
         record("ours[huge]", *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
         del kh, vh
+    if "ours[nn]" in args.impls:
+        cache = attn_ops.nn.KVCache(1, b, ctx, hkv, d, dtype=dtype, device=device)
+        cache.k[0].copy_(k)
+        cache.v[0].copy_(v)
+
+        def make():
+            return lambda: attn_ops.attention_with_kvcache(q, cache.k[0], cache.v[0], lens)[0]
+        record("ours[nn]", *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+        del cache
     for impl in [i for i in args.impls if i.startswith("paged")]:
         bs = block_size_of(impl)
         try:
@@ -232,7 +243,7 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
     if "ours" in outs and "sdpa" in outs:
         row["rel_diff_vs_sdpa"] = baselines.rel_maxdiff(outs["ours"], outs["sdpa"])
     paged_diffs = [baselines.rel_maxdiff(outs[i], outs["ours"]) for i in outs
-                   if (i.startswith("paged") or i in ("ours[bhtd]", "ours[huge]")) and "ours" in outs]
+                   if (i.startswith("paged") or i in ("ours[bhtd]", "ours[huge]", "ours[nn]")) and "ours" in outs]
     if paged_diffs:
         row["rel_diff_paged_vs_contiguous"] = max(paged_diffs)
     return row
@@ -398,10 +409,11 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"({cp:.0f} GB/s); ours % read = the same against the read bandwidth "
                  f"({run.ceilings['read']['gbps']:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
                  f"work). ours[huge] = ours over a copy of the cache in transparent huge pages (how the attn_ops.nn "
-                 f"caches allocate on Linux). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
+                 f"caches allocated before session 10). ours[nn] = ours over attn_ops.nn.KVCache's storage holding the same values "
+                 f"(CPU: [B, Hkv, T, D] in huge pages, as transposed views). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
                  f"as a transposed view, read in place. paged16 / paged1 = ours over a paged cache with that block size. The "
                  f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
-                 f"max abs(sdpa); paged diff: the largest of the same for paged and ours[bhtd] against contiguous. "
+                 f"max abs(sdpa); paged diff: the largest of the same for paged, ours[huge], ours[nn] and ours[bhtd] against contiguous. "
                  f"Times are device times from CUDA events with the L2 flushed before each call (see "
                  f"the script's docstring).")
         L.append("")

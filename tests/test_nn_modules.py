@@ -316,6 +316,8 @@ def test_kvcache_host_methods(device):
     assert c.nbytes == 2 * 2 * 3 * 10 * 2 * 8 * 4
     assert c.bytes_per_token == 2 * 2 * 2 * 8 * 4
     assert c.k[0].shape == (3, 10, 2, 8) and c.seqlens.dtype == torch.int32
+    for t in c.k + c.v:  # on the CPU each KV head's rows are contiguous (the decode kernel's fast layout)
+        assert t.transpose(1, 2).is_contiguous() == (device == "cpu") and t.is_contiguous() == (device != "cpu")
     assert c.lengths().tolist() == [0, 0, 0]
     c.advance(4)
     lengths = c.lengths()

@@ -64,13 +64,23 @@ def _per_layer(num_layers: int, shape: Tuple[int, ...], dtype: torch.dtype, devi
 
 
 def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, head_dim: int,
-                     head_dim_v: Optional[int], dtype: torch.dtype, device) -> Tuple[List[Tensor], List[Tensor]]:
-    """One K and one V tensor per layer, ``[*rows, num_kv_heads, head_dim(_v)]``."""
+                     head_dim_v: Optional[int], dtype: torch.dtype, device, *,
+                     head_major: bool = False) -> Tuple[List[Tensor], List[Tensor]]:
+    """One K and one V tensor per layer, ``[*rows, num_kv_heads, head_dim(_v)]``. ``head_major``: each is
+    the ``.transpose(1, 2)`` view of a ``[rows[0], num_kv_heads, rows[1], head_dim(_v)]`` tensor."""
     check_positive("num_kv_heads", num_kv_heads)
     check_positive("head_dim", head_dim)
     head_dim_v = head_dim if head_dim_v is None else check_positive("head_dim_v", head_dim_v)
-    return (_per_layer(num_layers, (*rows, num_kv_heads, head_dim), dtype, device),
-            _per_layer(num_layers, (*rows, num_kv_heads, head_dim_v), dtype, device))
+    if not head_major:
+        return (_per_layer(num_layers, (*rows, num_kv_heads, head_dim), dtype, device),
+                _per_layer(num_layers, (*rows, num_kv_heads, head_dim_v), dtype, device))
+    return tuple([t.transpose(1, 2) for t in _per_layer(num_layers, (rows[0], num_kv_heads, rows[1], dim), dtype, device)]
+                 for dim in (head_dim, head_dim_v))
+
+
+def _is_cpu(device) -> bool:
+    """Whether tensors created with ``device`` (None: the default device) live on the CPU."""
+    return torch.empty(0, device=device).device.type == "cpu"
 
 
 def _row_list(rows: Rows, n: int, what: str) -> List[int]:
@@ -229,6 +239,11 @@ class KVCache(_ContiguousRows, _KVCacheBase):
     The sliding window of a module does not shrink the cache: it must hold the whole sequence. On a Linux
     CPU the storage is in transparent huge pages, as in every cache here: decode reads one KV head's rows,
     kilobytes apart, and 2 MiB pages spare it most TLB misses (attn_ops/_huge_pages.py).
+
+    On the CPU, ``k[layer]`` / ``v[layer]`` are the ``.transpose(1, 2)`` views of ``[batch_size, Hkv,
+    capacity, D]`` tensors (same shape and values, other strides): each KV head's rows are then contiguous,
+    and the decode kernel streams every head in address order (1.1-1.2x faster at B=32; README, "CPU
+    decode"). Elsewhere they are contiguous.
     """
 
     def __init__(self, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int,
@@ -236,7 +251,7 @@ class KVCache(_ContiguousRows, _KVCacheBase):
                  dtype: torch.dtype = torch.float32, device=None):
         self._init_rows(num_layers, batch_size, capacity, device)
         self.k, self.v = _allocate_layers(num_layers, (batch_size, capacity), num_kv_heads, head_dim,
-                                          head_dim_v, dtype, device)
+                                          head_dim_v, dtype, device, head_major=_is_cpu(device))
 
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` at the current
