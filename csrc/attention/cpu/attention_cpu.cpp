@@ -101,7 +101,9 @@ void attention_cpu(const AttentionPrep& prep, const at::Tensor& q, const at::Ten
   const Layouts layouts = make_layouts(p, prep.opts);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
     using acc_t = acc_type<scalar_t>;
-    attention_forward_kernel<scalar_t, acc_t>(
+    // decode-shaped sequences (a few query rows against many keys, as transformers' generation steps call this
+    // op) on the decode kernel, the others on the tiled one
+    routed_forward_kernel<scalar_t, acc_t>(
         p, q.const_data_ptr<scalar_t>(), layouts.tokens(q, p, false), k.const_data_ptr<scalar_t>(),
         KeyLayout{layouts.tokens(k, p, true)}, v.const_data_ptr<scalar_t>(), KeyLayout{layouts.tokens(v, p, true)},
         out.mutable_data_ptr<scalar_t>(), layouts.tokens(out, p, false), lse.mutable_data_ptr<acc_t>(),
@@ -211,7 +213,7 @@ void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const SeqLayout lse_layout = packed ? layout_of(lse, p, p.token_q, true, 1, 0) : layout_of(lse, p, {}, false, 2, 1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
     using acc_t = acc_type<scalar_t>;
-    kvcache_forward_kernel<scalar_t, acc_t>(
+    routed_forward_kernel<scalar_t, acc_t>(
         p, q.const_data_ptr<scalar_t>(), tokens(q), k_cache.const_data_ptr<scalar_t>(),
         cache_layout(k_cache, table_ptr, cache_row, first_key, left_padded), v_cache.const_data_ptr<scalar_t>(),
         cache_layout(v_cache, table_ptr, cache_row, first_key, left_padded), out.mutable_data_ptr<scalar_t>(),

@@ -193,9 +193,9 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
 }
 
 template <typename scalar_t, typename acc_t>
-void kvcache_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
-                            const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout,
-                            scalar_t* out, const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
+void routed_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
+                           const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout,
+                           scalar_t* out, const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   std::vector<int64_t> decode_seqs, tiled_seqs;
   for (int64_t b = 0; b < p.batch; ++b) {
     (takes_decode_kernel(p, p.len_q[b]) ? decode_seqs : tiled_seqs).push_back(b);
@@ -218,7 +218,7 @@ void kvcache_forward_kernel(const AttentionProblem& p, const scalar_t* q, const 
   template void decode_forward_kernel<scalar_t, acc_type<scalar_t>>(                                                \
       const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const KeyLayout&, const scalar_t*, \
       const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);                       \
-  template void kvcache_forward_kernel<scalar_t, acc_type<scalar_t>>(                                               \
+  template void routed_forward_kernel<scalar_t, acc_type<scalar_t>>(                                                \
       const AttentionProblem&, const scalar_t*, const SeqLayout&, const scalar_t*, const KeyLayout&, const scalar_t*, \
       const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
 ATTN_OPS_INSTANTIATE_DECODE(float)

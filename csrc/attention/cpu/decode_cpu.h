@@ -94,15 +94,15 @@ void decode_forward_kernel(const AttentionProblem& p,
                            scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
                            acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
 
-// Forward of attention over a (paged) cache: the sequences with few query rows per KV head (at most
-// kMaxDecodeRows: decode) on the decode kernel, the others (prefill chunks) on the tiled kernel, so one
-// packed call of a mixed serving batch costs no more than a call per kind; arguments as above.
+// Forward of attention and of attention over a (paged) cache: the sequences with few query rows per KV head
+// (at most kMaxDecodeRows: decode) on the decode kernel, the others (prefill chunks) on the tiled kernel, so
+// one packed call of a mixed serving batch costs no more than a call per kind; arguments as above.
 template <typename scalar_t, typename acc_t>
-void kvcache_forward_kernel(const AttentionProblem& p,
-                            const scalar_t* q, const SeqLayout& q_layout,  // [b, Tq, Hq, Dqk]
-                            const scalar_t* k, const KeyLayout& k_layout,  // [b, Tk, Hkv, Dqk]
-                            const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
-                            scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
-                            acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
+void routed_forward_kernel(const AttentionProblem& p,
+                           const scalar_t* q, const SeqLayout& q_layout,  // [b, Tq, Hq, Dqk]
+                           const scalar_t* k, const KeyLayout& k_layout,  // [b, Tk, Hkv, Dqk]
+                           const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
+                           scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
+                           acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
 
 }  // namespace attn_ops::cpu
