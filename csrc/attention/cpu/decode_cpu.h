@@ -10,7 +10,7 @@
 
 namespace attn_ops::cpu {
 
-constexpr int64_t kDecodeChunk = 64;     // keys per tile of decode_rows: scores [heads, rows, 64] stay in L1
+constexpr int64_t kDecodeChunk = 64;     // keys per tile of decode_rows at most (decode_cpu.cpp: decode_tile)
 constexpr int64_t kMaxDecodeRows = 32;   // query rows per KV head (positions x group) the kernel takes
 // From this many query rows per KV head on, a key tile is worth two matrix products (decode_rows_gemm,
 // decode_gemm_kernel.h): each key feeds enough FLOPs that decode is compute-bound (MLA: 16+ heads per row).
