@@ -1,8 +1,9 @@
-// Driver of the CPU decode kernel: work items (sequence, KV head, key split), the instruction set's row
+// Driver of the CPU decode kernel: work items (sequence, KV heads, key split), the instruction set's row
 // kernel, and the merge of the splits.
 //
-// Work is split over (sequence, KV head) and, when those are too few to keep every thread busy (B = 1 with a
-// long context), over chunks of the keys, whose partial results are merged by their log-sum-exp.
+// Work is split over sequences (and over KV heads where each head's rows are contiguous:
+// decode_heads_per_item) and, when those are too few to keep every thread busy (B = 1 with a long
+// context), over chunks of the keys, whose partial results are merged by their log-sum-exp.
 #include "attention/cpu/decode_cpu.h"
 #include "attention/cpu/batch_subset.h"
 #include "attention/cpu/parallel.h"
