@@ -3,7 +3,8 @@
 The cache objects hold the keys and values of every layer of a model plus one ``int32`` length per
 batch row (``seqlens``):
 
-* :class:`KVCache` -- contiguous: per layer ``k [batch, capacity, Hkv, D]`` / ``v [.., Dv]``.
+* :class:`KVCache` -- one block of ``capacity`` tokens per row: per layer ``k [batch, capacity, Hkv, D]`` /
+  ``v [.., Dv]`` (on the CPU, views of ``[batch, Hkv, capacity, D]`` storage).
 * :class:`PagedKVCache` -- paged (vLLM layout): per layer ``k [num_blocks, block_size, Hkv, D]``,
   a ``block_table`` ``int32 [batch_size, max_blocks_per_seq]`` mapping each row's logical blocks to
   physical ones, and a host-side free-block allocator (:meth:`PagedKVCache.reserve`).
@@ -224,8 +225,8 @@ class _ContiguousRows:
 
 
 class KVCache(_ContiguousRows, _KVCacheBase):
-    """Contiguous KV cache: per layer ``k [batch_size, capacity, Hkv, D]``, ``v [.., Dv]`` (one
-    allocation per layer and per tensor), and ``seqlens`` (``int32 [batch_size]``).
+    """KV cache of ``capacity`` tokens per row (not paged): per layer ``k [batch_size, capacity, Hkv, D]``,
+    ``v [.., Dv]`` (one allocation per layer and per tensor), and ``seqlens`` (``int32 [batch_size]``).
 
     Args:
         num_layers: how many attention layers share the cache (``layer_idx`` in ``0 .. num_layers-1``;
