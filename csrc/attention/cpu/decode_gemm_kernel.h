@@ -192,9 +192,9 @@ template <typename scalar_t>
 auto next_tile_prefetch(const DecodeRows<scalar_t, float>& a, int64_t n, int64_t n_next) {
   return [&a, n, n_next](int64_t j0, int64_t len) {
     for (int64_t j = n + j0; j < std::min(n + j0 + len, n + n_next); ++j) {
-      prefetch_row<1>(a.key_rows[j], a.dim_qk);
+      prefetch_row(a.key_rows[j], a.dim_qk);
       if (a.value_rows[j] != a.key_rows[j]) {
-        prefetch_row<1>(a.value_rows[j], a.dim_v);
+        prefetch_row(a.value_rows[j], a.dim_v);
       }
     }
   };

@@ -239,11 +239,13 @@ inline void value_columns_tail(const acc_t* p, int64_t ldp, int64_t rows, const 
   }
 }
 
-// Asks for the cache lines of one row of n values (a hint: no fault, no effect on the result). With the
-// cache's rows heads * dim apart (BSHD), one head's rows are kilobytes apart, a stride the hardware
-// prefetchers do not follow across pages; the kernel requests each row one key tile ahead. kLocality: 3 into
-// L1, 1 into L2 (decode_rows_gemm's tiles are bigger than L1).
-template <int kLocality = 3, typename scalar_t>
+// Asks for the cache lines of one row of n values, into L2 (a hint: no fault, no effect on the result). With
+// the cache's rows heads * dim apart (BSHD), one head's rows are kilobytes apart, a stride the hardware
+// prefetchers do not follow across pages; the kernels request each row one phase ahead. Into L2, not L1: a
+// phase's rows (a tile of K or V) fill L1 and evicted the q rows and accumulators the kernel keeps there
+// (zen4_decode_overlap.md: float32 decode 1.1-1.4x faster than with prefetcht0; 16-bit caches and
+// decode_rows_gemm's tiles, bigger than L1, always took L2).
+template <typename scalar_t>
 inline void prefetch_row(const scalar_t* row, int64_t n) {
 #if defined(__GNUC__)
   constexpr int64_t kLine = 64;
@@ -251,13 +253,9 @@ inline void prefetch_row(const scalar_t* row, int64_t n) {
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(scalar_t)); off += kLine) {
 #if defined(__x86_64__)
     // volatile asm: GCC -O3 may delete a loop of __builtin_prefetch as having no effect (-ffinite-loops)
-    if constexpr (kLocality == 1) {
-      asm volatile("prefetcht1 %0" : : "m"(bytes[off]));
-    } else {
-      asm volatile("prefetcht0 %0" : : "m"(bytes[off]));
-    }
+    asm volatile("prefetcht1 %0" : : "m"(bytes[off]));
 #else
-    __builtin_prefetch(bytes + off, 0, kLocality);
+    __builtin_prefetch(bytes + off, 0, 1);
 #endif
   }
 #endif
@@ -347,16 +345,13 @@ void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, ac
     }
   };
   // Requests row j (of every head) of a tile's rows `of`: one run of heads * dim values where the heads' rows of
-  // a key are contiguous (BSHD, paged blocks), else row by row. bfloat16 / float16 into L2 only: a tile's rows
-  // (128 KiB of K, as much of V) overflow L1, and the L1 copies evicted the rows in use (single-thread streaming
-  // 4% faster, decode_compute_probe.py); float32 measured no better, so it keeps L1.
-  constexpr int kLocality = sizeof(scalar_t) == 2 ? 1 : 3;
+  // a key are contiguous (BSHD, paged blocks), else row by row.
   const auto prefetch_rows = [&](const scalar_t* const* of, int64_t j, int64_t dim) {
     if (of[(heads - 1) * tile + j] == of[j] + (heads - 1) * dim) {
-      return prefetch_row<kLocality>(of[j], heads * dim);
+      return prefetch_row(of[j], heads * dim);
     }
     for (int64_t head = 0; head < heads; ++head) {
-      prefetch_row<kLocality>(of[head * tile + j], dim);
+      prefetch_row(of[head * tile + j], dim);
     }
   };
   if (a.k_begin < a.k_end) {
