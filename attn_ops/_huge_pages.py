@@ -32,12 +32,18 @@ def _libc_madvise():
     return _madvise
 
 
+def resolve_device(device) -> torch.device:
+    """The device ``torch.zeros(..., device=device)`` allocates on: ``device``, or for None the default
+    device (``torch.set_default_device``, a ``with torch.device(...)`` block)."""
+    return torch.device(device) if device is not None else torch.get_default_device()
+
+
 def zeros(*shape, dtype: torch.dtype, device) -> torch.Tensor:
     """``torch.zeros(*shape, dtype=dtype, device=device)``; on Linux CPU, the whole 2 MiB pages inside a
     tensor of at least two of them are advised as huge pages before the zeros are written (allocations over
     32 MiB are fresh memory, mapped at that first write), then collapsed into huge pages where the kernel
     can (memory reused from the heap was touched before the advice)."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device = resolve_device(device)
     madvise = _libc_madvise() if device.type == "cpu" and sys.platform.startswith("linux") else False
     if not madvise:
         return torch.zeros(*shape, dtype=dtype, device=device)

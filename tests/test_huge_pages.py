@@ -41,6 +41,18 @@ def test_zeros_are_zeros(shape, dtype):
     assert not t.any()
 
 
+def test_zeros_without_device_follow_the_default_device():
+    # as torch.zeros: device=None is the default device, not the CPU
+    torch.set_default_device("meta")
+    try:
+        t = _huge_pages.zeros(2, 3, dtype=torch.float32, device=None)
+        cache = attn_ops.nn.KVCache(1, 2, 8, 2, 4)
+    finally:
+        torch.set_default_device(None)
+    assert t.device.type == "meta" and t.shape == (2, 3)
+    assert all(x.device.type == "meta" for x in cache._storage() + [cache.seqlens])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 def test_zeros_on_cuda_is_plain():
     t = _huge_pages.zeros(4, 1 << 20, dtype=torch.float16, device="cuda")

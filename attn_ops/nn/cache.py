@@ -79,11 +79,6 @@ def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, 
                  for dim in (head_dim, head_dim_v))
 
 
-def _is_cpu(device) -> bool:
-    """Whether tensors created with ``device`` (None: the default device) live on the CPU."""
-    return torch.empty(0, device=device).device.type == "cpu"
-
-
 def _row_list(rows: Rows, n: int, what: str) -> List[int]:
     if isinstance(rows, Tensor):
         rows = rows.reshape(-1).tolist()
@@ -251,8 +246,9 @@ class KVCache(_ContiguousRows, _KVCacheBase):
                  head_dim: int, *, head_dim_v: Optional[int] = None,
                  dtype: torch.dtype = torch.float32, device=None):
         self._init_rows(num_layers, batch_size, capacity, device)
+        on_cpu = _huge_pages.resolve_device(device).type == "cpu"
         self.k, self.v = _allocate_layers(num_layers, (batch_size, capacity), num_kv_heads, head_dim,
-                                          head_dim_v, dtype, device, head_major=_is_cpu(device))
+                                          head_dim_v, dtype, device, head_major=on_cpu)
 
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` at the current
