@@ -72,11 +72,14 @@ def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, 
     check_positive("num_kv_heads", num_kv_heads)
     check_positive("head_dim", head_dim)
     head_dim_v = head_dim if head_dim_v is None else check_positive("head_dim_v", head_dim_v)
-    if not head_major:
-        return (_per_layer(num_layers, (*rows, num_kv_heads, head_dim), dtype, device),
-                _per_layer(num_layers, (*rows, num_kv_heads, head_dim_v), dtype, device))
-    return tuple([t.transpose(1, 2) for t in _per_layer(num_layers, (rows[0], num_kv_heads, rows[1], dim), dtype, device)]
-                 for dim in (head_dim, head_dim_v))
+
+    def layers(dim: int) -> List[Tensor]:
+        if not head_major:
+            return _per_layer(num_layers, (*rows, num_kv_heads, dim), dtype, device)
+        storage = _per_layer(num_layers, (rows[0], num_kv_heads, rows[1], dim), dtype, device)
+        return [t.transpose(1, 2) for t in storage]
+
+    return layers(head_dim), layers(head_dim_v)
 
 
 def _row_list(rows: Rows, n: int, what: str) -> List[int]:

@@ -187,7 +187,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.lse = s.lse.data();
         (use_gemm ? gemm_rows : stream_rows)(a);
         for (int64_t gr = 0; gr < Hkv * rows; ++gr) {
-          const int64_t g = h0 + gr / rows, r = gr % rows, pos = r / G, h = g * G + r % G;
+          const int64_t r = gr % rows, pos = r / G, h = (h0 + gr / rows) * G + r % G;
           if (splits == 1) {
             convert_row(s.out.data() + gr * Dv, out + out_layout.at(b, pos, h), Dv);
             lse[lse_layout.at(b, pos, h)] = s.lse[gr];
