@@ -17,6 +17,8 @@ cache, cache_seqlens = context). Compared on the same values:
   ours[bhtd]    ours over the baselines' [B, Hkv, context, D] cache (HF's layout), passed as the
                 view .transpose(1, 2), which the op reads in place: the same bytes in the same order
                 as sdpa's
+  ours[dense]   attn_ops.attention (the dense op, causal) on the same views: the call transformers'
+                generation steps make through attn_ops.integrations.transformers
   sdpa          F.scaled_dot_product_attention(q [B,Hq,1,D], k/v [B,Hkv,context,D], enable_gqa=True)
   flex          torch.compile(flex_attention)(..., enable_gqa=True), no mask (CUDA only)
   eager         HuggingFace's eager path: repeat_kv + q @ k^T * scale + softmax(float32) + @ v
@@ -77,8 +79,9 @@ import timing  # noqa: E402
 from baselines import DTYPES  # noqa: E402
 from reporting import bw_cell  # noqa: E402
 
-CUDA_IMPLS = ["ours", "ours[graph]", "ours[nn]", "ours[bhtd]", "paged16", "paged1", "sdpa", "flex", "eager"]
-CPU_IMPLS = ["ours", "ours[huge]", "ours[nn]", "ours[bhtd]", "paged16", "paged1", "sdpa", "eager"]
+CUDA_IMPLS = ["ours", "ours[graph]", "ours[nn]", "ours[bhtd]", "ours[dense]", "paged16", "paged1", "sdpa", "flex",
+              "eager"]
+CPU_IMPLS = ["ours", "ours[huge]", "ours[nn]", "ours[bhtd]", "ours[dense]", "paged16", "paged1", "sdpa", "eager"]
 
 
 def parse_args(argv=None):
@@ -197,16 +200,16 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
                                         notes))
 
     # baselines on a [B, Hkv, context, D] cache, and ours on the same bytes
-    if any(i in args.impls for i in ("ours[bhtd]", "sdpa", "flex", "eager")):
+    if any(i in args.impls for i in ("ours[bhtd]", "ours[dense]", "sdpa", "flex", "eager")):
         kb, vb = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
         del k, v
         machine.free_memory(device)
-        if "ours[bhtd]" in args.impls:
-            def make():
-                kt, vt = kb.transpose(1, 2), vb.transpose(1, 2)
-                return lambda: attn_ops.attention_with_kvcache(q, kt, vt, lens)[0]
-
-            record("ours[bhtd]", *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
+        kt, vt = kb.transpose(1, 2), vb.transpose(1, 2)
+        on_views = {"ours[bhtd]": lambda: attn_ops.attention_with_kvcache(q, kt, vt, lens)[0],
+                    "ours[dense]": lambda: attn_ops.attention(q, kt, vt, causal=True)[0]}
+        for impl in [i for i in args.impls if i in on_views]:
+            record(impl, *runner.timed_entry(lambda call=on_views[impl]: call, device=device, args=args,
+                                             nbytes=cache_bytes))
         qb = q.transpose(1, 2).contiguous()  # [B, Hq, 1, D]
         for impl in [i for i in args.impls if i in ("sdpa", "flex", "eager")]:
             if impl != "sdpa" and budget.expired():
@@ -244,7 +247,8 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
     if "ours" in outs and "sdpa" in outs:
         row["rel_diff_vs_sdpa"] = baselines.rel_maxdiff(outs["ours"], outs["sdpa"])
     paged_diffs = [baselines.rel_maxdiff(outs[i], outs["ours"]) for i in outs
-                   if (i.startswith("paged") or i in ("ours[bhtd]", "ours[huge]", "ours[nn]")) and "ours" in outs]
+                   if (i.startswith("paged") or i in ("ours[bhtd]", "ours[dense]", "ours[huge]", "ours[nn]"))
+                   and "ours" in outs]
     if paged_diffs:
         row["rel_diff_paged_vs_contiguous"] = max(paged_diffs)
     return row
@@ -412,9 +416,11 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"work). ours[huge] = ours over a copy of the cache in transparent huge pages (how the attn_ops.nn "
                  f"caches allocated before session 10). ours[nn] = ours over attn_ops.nn.KVCache's storage holding the same values "
                  f"(CPU: [B, Hkv, T, D] in huge pages, as transposed views). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
-                 f"as a transposed view, read in place. paged16 / paged1 = ours over a paged cache with that block size. The "
+                 f"as a transposed view, read in place. ours[dense] = attn_ops.attention (the dense op) on those "
+                 f"views, as transformers' generation calls it. paged16 / paged1 = ours over a paged cache with that block size. The "
                  f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
-                 f"max abs(sdpa); paged diff: the largest of the same for paged, ours[huge], ours[nn] and ours[bhtd] against contiguous. "
+                 f"max abs(sdpa); paged diff: the largest of the same for paged, ours[huge], ours[nn], ours[bhtd] and ours[dense] "
+                 f"against contiguous. "
                  f"Times are device times from CUDA events with the L2 flushed before each call (see "
                  f"the script's docstring).")
         L.append("")
