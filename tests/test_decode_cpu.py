@@ -138,9 +138,19 @@ def test_streaming_tiles_every_head(dtype, block_size, group):
     check(q, kc, vc, seqlens, bt)
 
 
+@pytest.fixture(params=["pairs", "float32"])
+def bf16_score_products(request, monkeypatch):
+    """The bfloat16 streaming kernel's two Q K^T paths (decode_bf16_kernel.h): vdpbf16ps on pairs where the CPU
+    has AVX512-BF16 and no AMX (ATTN_OPS_CPU_AMX=0 stands in for "no AMX"), float32 FMAs on widened keys
+    otherwise (ATTN_OPS_CPU_AVX512BF16=0). On a CPU without AVX512-BF16 both run the FMAs."""
+    monkeypatch.setenv("ATTN_OPS_CPU_AMX", "0")
+    monkeypatch.setenv("ATTN_OPS_CPU_AVX512BF16", "1" if request.param == "pairs" else "0")
+    return request.param
+
+
 @pytest.mark.parametrize("dk, dv", [(16, 16), (48, 80), (160, 256), (256, 24)])
 @pytest.mark.parametrize("block_size", [None, 7])
-def test_bfloat16_chunk_tails(dk, dv, block_size):
+def test_bfloat16_chunk_tails(dk, dv, block_size, bf16_score_products):
     """bfloat16 on AVX-512 streams its rows in chunks of 32 (decode_bf16_kernel.h: even / odd widening, the
     last partial chunk by a masked load): one partial chunk, pairs of chunks with and without a partial last
     one, an odd chunk count; row blocks of 1 to 5 rows (group 5); lengths around the 64-key tile."""
@@ -148,6 +158,24 @@ def test_bfloat16_chunk_tails(dk, dv, block_size):
     q, kc, vc, seqlens, bt = kvcache_inputs(3, 1, 10, 2, dk, dv, [1, 64, 130], dtype=torch.bfloat16,
                                             block_size=block_size)
     check(q, kc, vc, seqlens, bt)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "gemm" not in c and "tiled" not in c])
+def test_bfloat16_score_paths_cases(case, bf16_score_products):
+    """The streaming cases in bfloat16 on each Q K^T path: groups, windows, soft-capping, key splits, paged."""
+    B, Tq, Hq, Hkv, Dk, Dv, lens, block_size, kw = CASES[case]
+    torch.manual_seed(sum(lens) + Hq)
+    q, kc, vc, seqlens, bt = kvcache_inputs(B, Tq, Hq, Hkv, Dk, Dv, lens, dtype=torch.bfloat16, block_size=block_size)
+    check(q, kc, vc, seqlens, bt, **kw)
+
+
+@pytest.mark.parametrize("scale", [0.0, 3.0, 1e-3])
+def test_bfloat16_score_scales(scale, bf16_score_products):
+    """The pairs path multiplies q as given and scales the sums (q / scale restores it): scales far from
+    1 / sqrt(D), and 0 (uniform weights), which takes the FMA path."""
+    torch.manual_seed(11)
+    q, kc, vc, seqlens, bt = kvcache_inputs(2, 1, 8, 2, 64, 64, [70, 9], dtype=torch.bfloat16)
+    check(q, kc, vc, seqlens, bt, scale=scale)
 
 
 def packed_mixed_inputs(lens_q, lens_k, Hq, Hkv, D, dtype, block_size, pool_rows):

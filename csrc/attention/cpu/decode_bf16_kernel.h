@@ -3,10 +3,12 @@
 // one shift and one mask (even: x << 16, odd: x & 0xffff0000), no shuffles: at::vec's widening
 // (vpmovzxwd + shift per 16 values) took the shuffle port that the FMAs share and made bf16 decode
 // instruction-bound. The kernel keeps every 32 columns in that order, [16 even | 16 odd]:
-//   - Q K^T: float32 FMAs on the widened keys against a copy of q (scaled) rearranged into that order. Not
-//     AVX512-BF16's vdpbf16ps: on this Sapphire Rapids class machine it issues one per 2 cycles (0.54 ns against
+//   - Q K^T: float32 FMAs on the widened keys against a copy of q (scaled) rearranged into that order; or, where
+//     AVX512-BF16 runs at the FMA's rate (decode_scores_on_pairs), vdpbf16ps on the key chunk as loaded against
+//     q's bfloat16 values. On a Sapphire Rapids class machine vdpbf16ps issues one per 2 cycles (0.54 ns against
 //     0.14 ns for vfmadd231ps, 24 independent chains each), so its 32 products per instruction cost twice the
-//     FMAs' 16, and the whole kernel ran 9% slower with it (L1-resident cache, one thread).
+//     FMAs' 16, and the whole kernel ran 9% slower with it (L1-resident cache, one thread); on Zen 4 both take
+//     0.273 ns.
 //   - P V: float32 FMAs of the weights (float32, as the other dtypes) into accumulators whose columns stay in
 //     that order; rearranged into the natural order once, at the end (bf16_unpermute_row).
 // Any head dim: the last partial 32 columns are read with a masked load (zeros past the row's end).
@@ -47,11 +49,40 @@ inline EvenOdd widen_even_odd(__m512i raw) {
           _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
 }
 
-// s[r * lds + j] = q_r . key_j for RB rows and KB keys (RB * KB <= 16: one store_lane_sums tree); q [RB, ldq]
-// float32 in even / odd chunk order, zero past dim (bf16_permute_row).
-template <int RB, int KB>
-inline void bf16_score_block(const float* q, int64_t ldq, int64_t dim, const c10::BFloat16* const* keys, float* s,
-                             int64_t lds) {
+// acc + the pair products of a and b, lane by lane (vdpbf16ps: 32 bfloat16 products summed into 16 float32
+// lanes). Inline assembly, as Bf16PairPanel's: the AVX-512 copy must still load on CPUs without AVX512-BF16.
+inline __m512 add_pair_products(__m512 acc, __m512i a, __m512i b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+// The two ways chunk_score_block multiplies a chunk of 32 key values into a row's accumulator:
+// float32 FMAs on the widened even and odd elements, q (scaled) float32 in even / odd chunk order
+// (bf16_permute_row)...
+struct WidenedProducts {
+  using q_t = float;
+  using QChunk = EvenOdd;
+  static QChunk load_q(const float* q) { return {_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16)}; }
+  static EvenOdd key(__m512i raw) { return widen_even_odd(raw); }
+  static __m512 multiply_add(const QChunk& q, const EvenOdd& k, __m512 acc) {
+    return _mm512_fmadd_ps(q.odd, k.odd, _mm512_fmadd_ps(q.even, k.even, acc));
+  }
+};
+
+// ... or vdpbf16ps on the chunk as loaded, q (unscaled) bfloat16 in the natural order: one instruction, no widening.
+struct PairProducts {
+  using q_t = c10::BFloat16;
+  using QChunk = __m512i;
+  static QChunk load_q(const c10::BFloat16* q) { return _mm512_loadu_si512(q); }
+  static __m512i key(__m512i raw) { return raw; }
+  static __m512 multiply_add(QChunk q, __m512i k, __m512 acc) { return add_pair_products(acc, q, k); }
+};
+
+// s[r * lds + j] = scale * (q_r . key_j) for RB rows and KB keys (RB * KB <= 16: one store_lane_sums tree); q
+// [RB, ldq] as Products takes it, zero past dim; the last partial chunk of keys by a masked load.
+template <typename Products, int RB, int KB>
+inline void chunk_score_block(const typename Products::q_t* q, int64_t ldq, int64_t dim,
+                              const c10::BFloat16* const* keys, float scale, float* s, int64_t lds) {
   __m512 acc[RB][KB];
   ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
@@ -61,19 +92,17 @@ inline void bf16_score_block(const float* q, int64_t ldq, int64_t dim, const c10
     }
   }
   const auto chunk = [&](int64_t d, auto masked, __mmask32 mask) {
-    __m512 q_even[RB], q_odd[RB];
+    typename Products::QChunk qc[RB];
     ATTN_OPS_UNROLL
     for (int r = 0; r < RB; ++r) {
-      q_even[r] = _mm512_loadu_ps(q + r * ldq + d);
-      q_odd[r] = _mm512_loadu_ps(q + r * ldq + d + 16);
+      qc[r] = Products::load_q(q + r * ldq + d);
     }
     ATTN_OPS_UNROLL
     for (int j = 0; j < KB; ++j) {
-      const EvenOdd kv = widen_even_odd(load_chunk<decltype(masked)::value>(keys[j] + d, mask));
+      const auto kc = Products::key(load_chunk<decltype(masked)::value>(keys[j] + d, mask));
       ATTN_OPS_UNROLL
       for (int r = 0; r < RB; ++r) {
-        acc[r][j] = _mm512_fmadd_ps(q_even[r], kv.even, acc[r][j]);
-        acc[r][j] = _mm512_fmadd_ps(q_odd[r], kv.odd, acc[r][j]);
+        acc[r][j] = Products::multiply_add(qc[r], kc, acc[r][j]);
       }
     }
   };
@@ -84,7 +113,7 @@ inline void bf16_score_block(const float* q, int64_t ldq, int64_t dim, const c10
   if (d < dim) {
     chunk(d, std::true_type{}, chunk_mask(dim - d));
   }
-  store_lane_sums<RB, KB>(acc, s, lds);
+  store_lane_sums<RB, KB>(acc, s, lds, scale);
 }
 
 // o[r * ldo + chunk c] += sum_j p[r * ldp + j] * value_j[chunk c] for RB rows, NC chunks from column d0 (a
@@ -152,13 +181,16 @@ inline void bf16_permute_row(const float* src, float* dst, int64_t dim) {
 }
 
 // decode_rows' blocks for a bfloat16 cache (see the top of this file). acc: the output accumulators [heads,
-// rows, padded dim_v] in even / odd chunk order; q_perm: q [heads, rows, padded dim_qk] in that order.
+// rows, padded dim_v] in even / odd chunk order; q: [heads, rows, padded dim_qk] as Products takes it, the
+// scores multiplied by q_scale (1 where q carries the softmax scale).
+template <typename Products>
 struct Bf16Blocks {
   static constexpr int kRowBlock = 4;  // 4 rows x 2 chunks x (even, odd) = 16 P V accumulators
   const DecodeRows<c10::BFloat16, float>& a;
   float* acc;
   int64_t ld_acc;
-  const float* q_perm;
+  const typename Products::q_t* q;
+  float q_scale;
 
   template <int RB>
   static constexpr int score_keys() {
@@ -168,7 +200,7 @@ struct Bf16Blocks {
   template <int RB, int KB>
   void scores(int64_t head, int64_t r0, const c10::BFloat16* const* keys, float* s, int64_t lds) const {
     const int64_t ldq = padded_to_chunks(a.dim_qk);
-    bf16_score_block<RB, KB>(q_perm + (head * a.rows + r0) * ldq, ldq, a.dim_qk, keys, s, lds);
+    chunk_score_block<Products, RB, KB>(q + (head * a.rows + r0) * ldq, ldq, a.dim_qk, keys, q_scale, s, lds);
   }
 
   template <int RB>
@@ -197,16 +229,34 @@ struct Bf16Blocks {
 
 }  // namespace
 
+// Whether Q K^T runs on bfloat16 pairs: where vdpbf16ps issues at the FMA's rate, twice its products (Zen 4,
+// which has no AMX). Sapphire Rapids class CPUs issue it at half that rate (a tie with the FMAs, and the kernel
+// ran 9% slower on it); they have AMX, so the pairs are taken where AVX512-BF16 is and AMX is not, the rule of the
+// prefill kernels. The pairs keep q at half the bytes of the float32 copy, in the data the core must hold in
+// L1 while the cache streams past (zen4_decode_overlap.md).
+inline bool decode_scores_on_pairs() { return cpu_has_avx512bf16() && !cpu_has_amx_bf16(); }
+
 // decode_rows for a bfloat16 cache: stream_tiles with Bf16Blocks.
 inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
   const int64_t all_rows = a.heads * a.rows, Dqk = a.dim_qk, Dv = a.dim_v;
   const int64_t ld_q = padded_to_chunks(Dqk), ld_acc = padded_to_chunks(Dv);
   float* acc = a.stream_scratch;            // [heads, rows, ld_acc]
   float* q_perm = acc + all_rows * ld_acc;  // [heads, rows, ld_q]
-  for (int64_t r = 0; r < all_rows; ++r) {
-    bf16_permute_row(a.q + r * Dqk, q_perm + r * ld_q, Dqk);
+  if (decode_scores_on_pairs() && a.scale != 0.f && std::isfinite(a.scale)) {
+    // q as the caller gave it: a.q / a.scale restores its bfloat16 values, the scale goes on the sums
+    auto* q_pairs = reinterpret_cast<c10::BFloat16*>(q_perm);  // [heads, rows, ld_q], half of q_perm's bytes
+    for (int64_t r = 0; r < all_rows; ++r) {
+      for (int64_t d = 0; d < ld_q; ++d) {
+        q_pairs[r * ld_q + d] = d < Dqk ? c10::BFloat16(a.q[r * Dqk + d] / a.scale) : c10::BFloat16(0.f);
+      }
+    }
+    stream_tiles(a, Bf16Blocks<PairProducts>{a, acc, ld_acc, q_pairs, a.scale}, acc, ld_acc);
+  } else {
+    for (int64_t r = 0; r < all_rows; ++r) {
+      bf16_permute_row(a.q + r * Dqk, q_perm + r * ld_q, Dqk);
+    }
+    stream_tiles(a, Bf16Blocks<WidenedProducts>{a, acc, ld_acc, q_perm, 1.f}, acc, ld_acc);
   }
-  stream_tiles(a, Bf16Blocks{a, acc, ld_acc, q_perm}, acc, ld_acc);
   for (int64_t r = 0; r < all_rows; ++r) {
     bf16_unpermute_row(acc + r * ld_acc, a.out + r * Dv, Dv);
   }

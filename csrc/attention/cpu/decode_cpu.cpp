@@ -162,6 +162,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.dim_qk = Dqk;
         a.dim_v = Dv;
         a.q = s.q.data();
+        a.scale = scale;
         a.key_lo = s.key_lo.data();
         a.key_hi = s.key_hi.data();
         a.locate = &locate_rows<scalar_t, acc_t>;

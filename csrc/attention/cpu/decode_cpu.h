@@ -33,6 +33,7 @@ template <typename scalar_t, typename acc_t>
 struct DecodeRows {
   int64_t heads = 1, rows = 0, dim_qk = 0, dim_v = 0;  // rows: per KV head
   const acc_t* q = nullptr;           // [heads, rows, dim_qk], already multiplied by the softmax scale
+  acc_t scale = 1;                    // that scale (a kernel that multiplies the unscaled q divides by it)
   const int64_t* key_lo = nullptr;    // [rows]: first visible key of each row
   const int64_t* key_hi = nullptr;    // [rows]: last visible key of each row
   // Sets keys[i] / values[i] to the cache rows of keys k0 + i, i < n, of KV head `head`. Compiled with the

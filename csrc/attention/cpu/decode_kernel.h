@@ -110,10 +110,10 @@ inline __m512 sum_lanes_16(const Vec<float> (&v)[16]) {
   return _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88), _mm512_shuffle_ps(pairs[0], pairs[1], 0xDD));
 }
 
-// s[r * lds + j] = the lane sum of acc[r][j] for RB x KB <= 16 accumulators (sum_lanes_16); V: Vec<float> or
-// __m512.
+// s[r * lds + j] = the lane sum of acc[r][j], times scale, for RB x KB <= 16 accumulators (sum_lanes_16); V:
+// Vec<float> or __m512.
 template <int RB, int KB, typename V>
-inline void store_lane_sums(const V (&acc)[RB][KB], float* s, int64_t lds) {
+inline void store_lane_sums(const V (&acc)[RB][KB], float* s, int64_t lds, float scale = 1.f) {
   static_assert(RB * KB <= 16);
   Vec<float> flat[16];  // the sum of (r, j) lands in lane r * KB + j; the lanes past RB * KB sum zeros
   ATTN_OPS_UNROLL
@@ -128,7 +128,7 @@ inline void store_lane_sums(const V (&acc)[RB][KB], float* s, int64_t lds) {
       flat[4 * (lane % 4) + lane / 4] = Vec<float>(acc[r][j]);
     }
   }
-  const __m512 sums = sum_lanes_16(flat);
+  const __m512 sums = _mm512_mul_ps(sum_lanes_16(flat), _mm512_set1_ps(scale));
   ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {  // lanes r * KB .. r * KB + KB - 1 to s + r * lds (masked lanes are not touched)
     const __mmask16 row = static_cast<__mmask16>(((1u << KB) - 1) << (r * KB));
