@@ -174,6 +174,39 @@ def test_graph_gqa_decode_step(block_size):
         assert_close_to_ref(q, r64, same, name="rotated q")
 
 
+def test_graph_append_that_does_not_fit_writes_nothing_of_its_row():
+    """Under capture the value checks do not run (docs/cuda.md): an append whose row has no room for all its
+    tokens must leave that row as it was, not write the tokens that fit; the other rows are appended."""
+    k_cache = torch.randn(2, 16, 2, 8, dtype=BF16, device=DEV)
+    v_cache = torch.randn_like(k_cache)
+    k, v = torch.randn(2, 3, 2, 8, dtype=BF16, device=DEV), torch.randn(2, 3, 2, 8, dtype=BF16, device=DEV)
+    lens = torch.tensor([2, 5], dtype=torch.int32, device=DEV)
+    graph, _ = capture(lambda: attn_ops.kv_cache_append(k_cache, v_cache, k, v, lens))
+    before = (k_cache.clone(), v_cache.clone())
+    lens.copy_(torch.tensor([2, 14], dtype=torch.int32))  # row 1: 14 + 3 > 16
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache[1], before[0][1]) and torch.equal(v_cache[1], before[1][1])
+    assert torch.equal(k_cache[0, 2:5], k[0]) and torch.equal(v_cache[0, 2:5], v[0])
+
+
+def test_graph_lightning_varlen_with_bad_offsets_stays_in_bounds():
+    """Packed lightning attention replayed with cu_seqlens past the packed tokens: the kernel clamps the offsets
+    to the rows it was given (no illegal access, which would end the CUDA context); a later eager call works."""
+    N, H, D = 12, 2, 8
+    q, k, v = (torch.randn(N, H, D, device=DEV) for _ in range(3))
+    s = torch.full((H,), 0.1, device=DEV)
+    cu = torch.tensor([0, 5, N], dtype=torch.int32, device=DEV)
+    graph, (out, _) = capture(lambda: attn_ops.lightning_attention(q, k, v, s, cu_seqlens=cu, max_seqlen=N))
+    cu.copy_(torch.tensor([0, 5, 1 << 20], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    cu.copy_(torch.tensor([0, 5, N], dtype=torch.int32))
+    graph.replay()
+    eager, _ = attn_ops.lightning_attention(q, k, v, s, cu_seqlens=cu, max_seqlen=N)
+    assert_same_as_eager(out, eager, "out")
+
+
 # --------------------------------------------------------------------------------------------------
 # MLA decode step
 # --------------------------------------------------------------------------------------------------

@@ -39,6 +39,35 @@ def test_gradcheck_varlen_with_empty_sequence_and_no_initial_state():
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
+@pytest.mark.parametrize("cu", [[0, 4, 4, 9], [0, 0, 5], [0, 0]], ids=["middle", "first", "only"])
+def test_gradcheck_initial_state_through_empty_sequences(cu, device):
+    """An empty sequence leaves its state as it was (final = initial, no decay step), so its dinitial_state is
+    dfinal_state itself; the backward multiplied every row by the decay."""
+    n, rows = cu[-1], len(cu) - 1
+    leaves = [make((n, 2, 3)), make((n, 1, 3)), make((n, 1, 2)), make((rows, 2, 3, 2))]
+    on_device = [t.detach().to(device).requires_grad_() for t in leaves]
+    cu_t, s = torch.tensor(cu, dtype=torch.int32, device=device), minimax_slopes(2).to(device)
+
+    def fn(q, k, v, init):
+        return attn_ops.lightning_attention(q, k, v, s, cu_seqlens=cu_t, initial_state=init, block_size=2)
+
+    assert torch.autograd.gradcheck(fn, on_device)
+
+
+def test_gradcheck_initial_state_of_zero_length_batch(device):
+    """Dense q / k / v with T = 0: final_state = initial_state, dinitial_state = dfinal_state."""
+    init = make((2, 2, 3, 2)).detach().to(device).requires_grad_()
+    q, k, v = (torch.zeros(2, 0, 2, 3, dtype=torch.float64, device=device),
+               torch.zeros(2, 0, 1, 3, dtype=torch.float64, device=device),
+               torch.zeros(2, 0, 1, 2, dtype=torch.float64, device=device))
+    s = minimax_slopes(2).to(device)
+    final = attn_ops.lightning_attention(q, k, v, s, initial_state=init)[1]
+    dfinal = torch.randn_like(final)
+    (grad,) = torch.autograd.grad((final * dfinal).sum(), init)
+    torch.testing.assert_close(final, init.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(grad, dfinal, rtol=0, atol=0)
+
+
 def test_gradient_of_final_state_only():
     q, k, v, init = make((1, 6, 2, 3)), make((1, 6, 2, 3)), make((1, 6, 2, 3)), make((1, 2, 3, 3))
     s = minimax_slopes(2)

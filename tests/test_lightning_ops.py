@@ -95,6 +95,29 @@ def test_varlen_with_empty_sequence(dtype, device):
     torch.testing.assert_close(final[1], init[1])  # the empty sequence keeps its state
 
 
+def test_varlen_offsets_given_as_a_strided_view(device):
+    """cu_seqlens need not be contiguous (every 2nd element of a longer tensor): the kernels read its values,
+    not its storage in order (CUDA read cu[b] at stride 1, out of bounds for such a view)."""
+    lens = [3, 0, 9]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    strided = torch.stack([cu, torch.full_like(cu, 10_000)], 1).reshape(-1)[::2]
+    assert not strided.is_contiguous() and torch.equal(strided, cu)
+    N, H, Dk, Dv = sum(lens), 2, 8, 4
+    q, k, v = make((N, H, Dk), torch.float64), make((N, 1, Dk), torch.float64), make((N, 1, Dv), torch.float64)
+    s = minimax_slopes(H)
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+    out, final = attn_ops.lightning_attention(*leaves, s.to(device), cu_seqlens=strided.to(device), block_size=4)
+    ref_out, ref_final = recurrence(q, k, v, s, cu_seqlens=cu)
+    torch.testing.assert_close(out.cpu(), ref_out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(final.cpu(), ref_final, rtol=1e-10, atol=1e-10)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad((out * dout).sum(), leaves)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_grads = torch.autograd.grad((recurrence(*ref_leaves, s, cu_seqlens=cu)[0] * dout.cpu()).sum(), ref_leaves)
+    for ours, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(ours.cpu(), ref, rtol=1e-9, atol=1e-9)
+
+
 def test_nan_propagates_only_forward_in_time():
     q, k, v = make((1, 40, 1, 8)), make((1, 40, 1, 8)), make((1, 40, 1, 8))
     k[0, 20, 0, 3] = float("nan")

@@ -1,6 +1,7 @@
 """Regression tests of the reliability audit: each test failed before its fix.
 
-1. mla_decode with zero heads crashed (SIGFPE): it skipped the head-count check its sibling makes.
+1. mla_decode with zero heads crashed (SIGFPE): it skipped the head-count check its sibling makes; so did
+   attention_with_kvcache over a paged cache of empty blocks with cache_leftpad (the block check divided by 0).
 2. In-place ops accepted outputs that overlap themselves (expanded) or another argument.
 3. In-place ops on tensors that autograd tracks, and double backward through attention, gave wrong
    gradients (or zeros) instead of an error.
@@ -41,7 +42,16 @@ def _mla_zero_heads_paged():
                         i32([3]), scale=0.1, block_table=i32([[0, 1]]))
 
 
-CRASH_CASES = {"zero_heads": _mla_zero_heads, "zero_heads_paged": _mla_zero_heads_paged}
+def _kvcache_empty_blocks_leftpad():
+    """A paged cache of empty blocks ([num_blocks, 0, Hkv, D]: capacity 0) with cache_leftpad: the block check
+    divided the left padding by the block size (SIGFPE)."""
+    kc = torch.randn(4, 0, 2, 64)
+    return attn_ops.attention_with_kvcache(torch.randn(1, 1, 2, 64), kc, kc.clone(), i32([0]),
+                                           block_table=i32([[0]]), cache_leftpad=i32([0]))
+
+
+CRASH_CASES = {"zero_heads": _mla_zero_heads, "zero_heads_paged": _mla_zero_heads_paged,
+               "empty_blocks_leftpad": _kvcache_empty_blocks_leftpad}
 
 
 def test_mla_decode_zero_heads_does_not_crash():
@@ -50,6 +60,18 @@ def test_mla_decode_zero_heads_does_not_crash():
     assert all(v is None for v in report.values()), report
     for name in names:
         _raises("attn_ops.mla_decode: q_latent must have at least 1 head, got 0", CRASH_CASES[name])
+
+
+def test_paged_cache_of_empty_blocks_with_leftpad_does_not_crash():
+    report = crash_isolation.crash_report("test_reliability", "CRASH_CASES", ["empty_blocks_leftpad"], timeout=120)
+    assert report["empty_blocks_leftpad"] is None, report
+    out, lse = _kvcache_empty_blocks_leftpad()  # no key: zeros and lse -inf, as any empty row
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    kc = torch.randn(4, 0, 2, 64)
+    _raises("attn_ops.attention_with_kvcache: cache_seqlens[0] = 1 exceeds the cache capacity 0 (max_blocks_per_seq 1 "
+            "x block_size 0)",
+            lambda: attn_ops.attention_with_kvcache(torch.randn(1, 1, 2, 64), kc, kc.clone(), i32([1]),
+                                                    block_table=i32([[0]]), cache_leftpad=i32([0])))
 
 
 @pytest.mark.parametrize("batch, tq", [(0, 1), (2, 0), (0, 0)])

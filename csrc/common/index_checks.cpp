@@ -57,7 +57,8 @@ void check_cache_lengths_and_blocks(const char* op, const at::Tensor& cache_seql
     const int64_t t = table_rows.defined() ? table_rows.const_data_ptr<int32_t>()[b] : b;
     const int32_t* row = table.const_data_ptr<int32_t>() + t * table.size(1);
     const int64_t first = first_key.defined() ? first_key.const_data_ptr<int32_t>()[b] : 0;
-    for (int64_t j = first / block_size; j * block_size < len[b]; ++j) {
+    // block_size 0 (a cache of empty blocks) has capacity 0, so only len[b] = 0 reaches here: no block is read
+    for (int64_t j = block_size > 0 ? first / block_size : 0; j * block_size < len[b]; ++j) {
       TORCH_CHECK(row[j] >= 0 && row[j] < num_blocks, op, ": block_table[", t, ", ", j, "] = ", row[j],
                   " is out of range [0, ", num_blocks, ")");
     }

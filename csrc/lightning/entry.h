@@ -63,7 +63,8 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention_on(const at::Tensor& q, c
 // Gradients, with G_t = dL/dS_t = a^(T-t) dfinal_state + scale * sum_{j >= t} a^(j-t) q_j^T dout_j:
 //   dq_t = scale * dout_t S_t^T       (the forward recurrence on (dout, v, k) from initial_state^T)
 //   dk_t = v_t G_t^T, dv_t = k_t G_t  (the recurrence reversed in time, on (v, dout, q) and (k, q, dout))
-//   dinitial_state = a * G_1          (the final state of the dv pass, decayed one step)
+//   dinitial_state = a * G_1          (the final state of the dv pass, decayed one step; an empty sequence
+//                                      takes no step: its final state is its initial state, so G_1 itself)
 // dk and dv are computed per query head and summed over each group here.
 template <LightningBackwardFn backward>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_backward_on(
@@ -95,7 +96,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_b
   auto group_sum = [&](const at::Tensor& per_head, const c10::SymInt& width) {
     return per_head.view_symint(token_sizes({p.heads_kv, group, width})).sum(-2).to(q.scalar_type());
   };
-  at::Tensor dinit = g1 * at::exp(-slope_c.to(p.state_dtype)).view({1, -1, 1, 1});
+  const at::Tensor decayed = g1 * at::exp(-slope_c.to(p.state_dtype)).view({1, -1, 1, 1});
+  at::Tensor dinit;
+  if (p.varlen) {  // per sequence, on the device of cu_seqlens (no host read)
+    const at::Tensor lengths = cu_seqlens->slice(0, 1) - cu_seqlens->slice(0, 0, -1);
+    dinit = at::where(lengths.gt(0).view({-1, 1, 1, 1}), decayed, g1);
+  } else {
+    dinit = p.seqlen == 0 ? g1 : decayed;
+  }
   return {dq, group_sum(dk_heads, p.head_dim), group_sum(dv_heads, p.head_dim_v), dinit};
 }
 

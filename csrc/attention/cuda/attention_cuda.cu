@@ -245,7 +245,7 @@ KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor& block_table, c
     l.block_stride = cache.stride(0);
     l.block_size = cache.size(1);
     l.num_blocks = cache.size(0);
-    if ((l.block_size & (l.block_size - 1)) == 0) {
+    if (l.block_size > 0 && (l.block_size & (l.block_size - 1)) == 0) {
       l.block_shift = __builtin_ctzll(static_cast<unsigned long long>(l.block_size));
     }
   }

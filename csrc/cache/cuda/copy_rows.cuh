@@ -18,7 +18,7 @@ namespace attn_ops::cuda {
 
 // Row (t, h) of new tokens [batch, added, heads, dim] goes to position cache_len[b] + t % added of cache
 // row cache_row[b] (cache_batch_idx; without it, row b) of b = t / added, in a contiguous cache
-// [rows, capacity, heads, dim].
+// [rows, capacity, heads, dim]; a row b whose tokens do not all fit is not written at all.
 struct AppendOffsets {
   const int32_t* cache_len;  // [batch]
   int64_t added, capacity;
@@ -31,7 +31,9 @@ struct AppendOffsets {
     const int64_t b = t / added, i = t % added;
     const int64_t row = static_cast<int64_t>(cache_len[b]) + i;
     const int64_t r = cache_row != nullptr ? static_cast<int64_t>(cache_row[b]) : b;
-    if (cache_len[b] < 0 || row >= capacity || r < 0 || (cache_row != nullptr && r >= num_rows)) {
+    // The whole row or nothing: a length that leaves no room for all `added` tokens skips every one of them
+    // (only reachable under graph capture, where the value checks do not run; docs/cuda.md).
+    if (cache_len[b] < 0 || cache_len[b] > capacity - added || r < 0 || (cache_row != nullptr && r >= num_rows)) {
       return false;
     }
     *dst = r * dst_batch + row * dst_token + h * dst_head;

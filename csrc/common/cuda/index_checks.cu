@@ -81,6 +81,7 @@ struct CacheLengthCheck {
   const int32_t* table_rows;  // [batch] block-table row of each row (cache_batch_idx, checked), or null: b
   const int32_t* first_key;   // [batch] first key position (cache_leftpad, checked), or null: 0
   int64_t n, width, capacity, block_size, num_blocks;
+  int64_t max_blocks_per_seq;  // the table's width as given (width is at least 1)
   bool paged;
 
   __device__ bool len_ok(int64_t b) const { return lens[b] >= 0 && lens[b] <= capacity; }
@@ -108,7 +109,7 @@ struct CacheLengthCheck {
     } else if (len > capacity) {
       printf("%s: cache_seqlens[%lld] = %lld exceeds the cache capacity %lld (max_blocks_per_seq %lld x block_size "
              "%lld)\n",
-             op.s, (long long)b, len, (long long)capacity, (long long)(capacity / block_size), (long long)block_size);
+             op.s, (long long)b, len, (long long)capacity, (long long)max_blocks_per_seq, (long long)block_size);
     } else {
       const int64_t t = table_row(b);
       printf("%s: block_table[%lld, %lld] = %d is out of range [0, %lld)\n", op.s, (long long)t, (long long)j,
@@ -309,7 +310,8 @@ void check_cache_lengths_and_blocks_on_device(const char* op, const at::Tensor& 
   launch_check(CacheLengthCheck{text(op), lens.const_data_ptr<int32_t>(), entries,
                                 rows.defined() ? rows.const_data_ptr<int32_t>() : nullptr,
                                 first.defined() ? first.const_data_ptr<int32_t>() : nullptr, lens.numel() * width,
-                                width, capacity, block_size, num_blocks, table.defined()});
+                                width, capacity, block_size, num_blocks, table.defined() ? table.size(1) : 0,
+                                table.defined()});
 }
 
 void check_batch_idx_on_device(const char* op, const at::Tensor& cache_batch_idx, int64_t rows, const char* rows_name,

@@ -5,11 +5,13 @@
 // forward's CUDA tests and one float32 backward test ran, before these device checks existed; the decode and
 // the checks are compiled for sm_90 but not yet run on a GPU.
 #include "common/cuda/index_checks.h"
+#include "common/cuda/kernel_attributes.cuh"
 #include "lightning/cuda/pass_kernel.cuh"
 #include "lightning/entry.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -42,32 +44,38 @@ DevState<A> dev_state(const at::Tensor& t, bool transposed) {
                     : DevState<A>{base, t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
 }
 
-// Shape fields shared by every pass of one problem.
+// cu_seqlens as the kernel reads it (offset b at cu[b]: contiguous), or undefined for a dense batch. The caller
+// keeps it alive until its launches are queued.
+at::Tensor packed_offsets(const std::optional<at::Tensor>& cu_seqlens) {
+  return cu_seqlens.has_value() ? cu_seqlens->contiguous() : at::Tensor();
+}
+
+// Shape fields shared by every pass of one problem; cu: packed_offsets.
 template <typename Args>
-void set_problem(Args& a, const LightningProblem& p, const std::optional<at::Tensor>& cu_seqlens,
-                 const at::Tensor& slope) {
+void set_problem(Args& a, const LightningProblem& p, const at::Tensor& cu, const at::Tensor& slope) {
   a.batch = p.batch.expect_int();
   a.heads = p.heads.expect_int();
   a.group = a.heads / p.heads_kv.expect_int();
-  a.seqlen = p.varlen ? 0 : p.seqlen.expect_int();
-  a.cu_seqlens = p.varlen ? cu_seqlens->const_data_ptr<int32_t>() : nullptr;
+  a.seqlen = p.seqlen.expect_int();
+  a.cu_seqlens = p.varlen ? cu.const_data_ptr<int32_t>() : nullptr;
   a.slope = slope.const_data_ptr<float>();
 }
 
+// state_dim: what sets the pass's state rows (a.dk), named in the error: "head_dim", or for the backward's dq
+// pass, whose state is the transposed one, "head_dim_v".
 template <typename in_t, typename out_t, typename A>
-void launch(const PassArgs<in_t, out_t, A>& a) {
+void launch(const PassArgs<in_t, out_t, A>& a, const char* op, const char* state_dim) {
   const int64_t blocks = a.batch * a.heads * ceil_div(a.dv, kLightningCols);
   if (blocks == 0) {
     return;
   }
   const size_t smem = lightning_smem_bytes<A>(a.dk);
-  int device = 0, max_smem = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  TORCH_CHECK(smem <= static_cast<size_t>(max_smem), "attn_ops.lightning_attention: head_dim ", a.dk,
-              " needs ", smem, " bytes of shared memory per block on CUDA, more than the device's ", max_smem);
-  auto kernel = lightning_pass_kernel<in_t, out_t, A>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const size_t max_smem = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+  TORCH_CHECK(smem <= max_smem, op, ": ", state_dim, " ", a.dk, " needs ", smem,
+              " bytes of shared memory per block on CUDA (a [", state_dim, ", ", kLightningCols,
+              "] state in shared memory), more than the device's ", max_smem);
+  constexpr auto kernel = lightning_pass_kernel<in_t, out_t, A>;
+  allow_dynamic_smem<kernel>(static_cast<int>(smem));
   kernel<<<static_cast<unsigned>(blocks), kLightningThreads, smem, at::cuda::getCurrentCUDAStream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -89,10 +97,11 @@ void lightning_forward_cuda(const LightningProblem& p, const at::Tensor& q, cons
                             const at::Tensor& out, const at::Tensor& final_state) {
   const c10::cuda::CUDAGuard guard(q.device());
   check_values_on_device(p, q, slope, cu_seqlens);
+  const at::Tensor cu = packed_offsets(cu_seqlens);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_cuda", [&] {
     using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
-    set_problem(a, p, cu_seqlens, slope);
+    set_problem(a, p, cu, slope);
     a.qq = in_rows<scalar_t>(q, p.varlen, false);
     a.kk = in_rows<scalar_t>(k, p.varlen, true);
     a.vv = in_rows<scalar_t>(v, p.varlen, true);
@@ -102,7 +111,7 @@ void lightning_forward_cuda(const LightningProblem& p, const at::Tensor& q, cons
     a.init = dev_state<A>(initial_state, false);
     a.fin = dev_state<A>(final_state, false);
     a.out_scale = static_cast<A>(scale);
-    launch(a);
+    launch(a, p.op, "head_dim");
   });
 }
 
@@ -114,12 +123,13 @@ void lightning_backward_cuda(const LightningProblem& p, const at::Tensor& dout, 
                              const at::Tensor& dk_heads, const at::Tensor& dv_heads, const at::Tensor& g1) {
   const c10::cuda::CUDAGuard guard(q.device());
   check_values_on_device(p, q, slope, cu_seqlens);
+  const at::Tensor cu = packed_offsets(cu_seqlens);
   const int64_t dk_dim = p.head_dim.expect_int(), dv_dim = p.head_dim_v.expect_int();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_backward_cuda", [&] {
     using A = acc_type<scalar_t>;
     {  // dq: forward in time from initial_state^T
       PassArgs<scalar_t, scalar_t, A> a;
-      set_problem(a, p, cu_seqlens, slope);
+      set_problem(a, p, cu, slope);
       a.qq = in_rows<scalar_t>(dout, p.varlen, false);
       a.kk = in_rows<scalar_t>(v, p.varlen, true);
       a.vv = in_rows<scalar_t>(k, p.varlen, true);
@@ -128,12 +138,12 @@ void lightning_backward_cuda(const LightningProblem& p, const at::Tensor& dout, 
       a.dv = dk_dim;
       a.init = dev_state<A>(initial_state, true);
       a.out_scale = static_cast<A>(scale);
-      launch(a);
+      launch(a, p.op, "head_dim_v");
     }
     // dk (state G^T) and dv (state G, ending at G_1): reversed in time from dfinal_state, entering undecayed.
     for (const bool is_dk : {true, false}) {
       PassArgs<scalar_t, A, A> a;
-      set_problem(a, p, cu_seqlens, slope);
+      set_problem(a, p, cu, slope);
       a.qq = in_rows<scalar_t>(is_dk ? v : k, p.varlen, true);
       a.kk = in_rows<scalar_t>(is_dk ? dout : q, p.varlen, false);
       a.vv = in_rows<scalar_t>(is_dk ? q : dout, p.varlen, false);
@@ -145,7 +155,7 @@ void lightning_backward_cuda(const LightningProblem& p, const at::Tensor& dout, 
       a.kv_scale = static_cast<A>(scale);
       a.reverse = true;
       a.decay_initial = false;
-      launch(a);
+      launch(a, p.op, is_dk ? "head_dim_v" : "head_dim");
     }
   });
 }
@@ -161,7 +171,7 @@ void lightning_decode_cuda(const LightningProblem& p, const at::Tensor& q, const
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_decode_cuda", [&] {
     using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
-    set_problem(a, p, std::nullopt, slope);
+    set_problem(a, p, at::Tensor(), slope);
     a.qq = in_rows<scalar_t>(q, false, false);
     a.kk = in_rows<scalar_t>(k, false, true);
     a.vv = in_rows<scalar_t>(v, false, true);
@@ -173,7 +183,7 @@ void lightning_decode_cuda(const LightningProblem& p, const at::Tensor& q, const
     a.init = dev_state<A>(state, false);  // each block reads its tile of the slot and writes it back
     a.fin = a.init;
     a.out_scale = static_cast<A>(scale);
-    launch(a);
+    launch(a, p.op, "head_dim");
   });
 }
 

@@ -36,8 +36,8 @@ struct PassArgs {
   DevRows<const in_t> qq, kk, vv;
   DevRows<out_t> out;
   int64_t batch = 0, heads = 0, group = 1, dk = 0, dv = 0;
-  int64_t seqlen = 0;                 // dense length; packed batches read cu_seqlens
-  const int32_t* cu_seqlens = nullptr;
+  int64_t seqlen = 0;                 // dense: the length; packed: the total tokens (cu_seqlens is clamped to it)
+  const int32_t* cu_seqlens = nullptr;  // [batch + 1], contiguous
   const int32_t* slots = nullptr;     // -1 skips a row; nullptr: slot b
   int64_t num_slots = 0;              // slots outside [0, num_slots) are skipped (never read out of range)
   DevState<A> init, fin;
@@ -55,8 +55,10 @@ __global__ void __launch_bounds__(kLightningThreads) lightning_pass_kernel(PassA
   const int nv = static_cast<int>(a.dv - col0 < kLightningCols ? a.dv - col0 : kLightningCols);
   const int dk = static_cast<int>(a.dk);
   const int64_t g = h / a.group;
-  const int64_t start = a.cu_seqlens ? a.cu_seqlens[b] : 0;
-  const int64_t T = a.cu_seqlens ? a.cu_seqlens[b + 1] - start : a.seqlen;
+  // Offsets clamped into the packed rows: the value checks run before eager launches but not under CUDA-graph
+  // capture (docs/cuda.md), and a bad offset must not reach memory outside q / k / v / out.
+  const int64_t start = a.cu_seqlens ? min(max(int64_t(a.cu_seqlens[b]), int64_t(0)), a.seqlen) : 0;
+  const int64_t T = a.cu_seqlens ? min(max(int64_t(a.cu_seqlens[b + 1]), start), a.seqlen) - start : a.seqlen;
   auto row = [&](const auto& rows, int64_t t) {  // stream position t -> its token row (reversed if asked)
     const int64_t r = a.reverse ? T - 1 - t : t;
     return rows.base + b * rows.batch + (start + r) * rows.token + (rows.per_kv_head ? g : h) * rows.head;

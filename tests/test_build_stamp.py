@@ -1,0 +1,63 @@
+"""benchmarks/build_stamp.py: the hash that decides whether gpu_check.sh may use a library built ahead."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def stamp_module():
+    spec = importlib.util.spec_from_file_location("build_stamp", os.path.join(ROOT, "benchmarks", "build_stamp.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write(root, rel, text):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    write(tmp_path, "csrc/attention/kernel.cu", "// kernel")
+    write(tmp_path, "csrc/common/check.h", "// check")
+    write(tmp_path, "setup.py", "# setup")
+    write(tmp_path, "build_config.json", "{}")
+    write(tmp_path, "attn_ops/_linkage.py", "# linkage")
+    write(tmp_path, "docs/readme.md", "docs")
+    return tmp_path
+
+
+def test_stamp_follows_every_build_input(stamp_module, tree):
+    base = stamp_module.build_stamp("9.0a", str(tree))
+    assert base == stamp_module.build_stamp("9.0a", str(tree))
+    assert stamp_module.build_stamp("9.0", str(tree)) != base
+    for rel in ["csrc/attention/kernel.cu", "csrc/common/check.h", "setup.py", "build_config.json",
+                "attn_ops/_linkage.py"]:
+        original = (tree / rel).read_text()
+        (tree / rel).write_text(original + " ")
+        assert stamp_module.build_stamp("9.0a", str(tree)) != base, rel
+        (tree / rel).write_text(original)
+    assert stamp_module.build_stamp("9.0a", str(tree)) == base
+    write(tree, "csrc/new_file.cpp", "")  # a new source is an input too
+    assert stamp_module.build_stamp("9.0a", str(tree)) != base
+
+
+def test_stamp_ignores_files_outside_the_build(stamp_module, tree):
+    base = stamp_module.build_stamp("9.0a", str(tree))
+    (tree / "docs/readme.md").write_text("changed")
+    write(tree, "tests/test_new.py", "")
+    write(tree, "csrc/__pycache__/x.pyc", "")
+    assert stamp_module.build_stamp("9.0a", str(tree)) == base
+
+
+def test_stamp_of_this_checkout_lists_its_sources(stamp_module):
+    files = stamp_module.input_files()
+    assert "setup.py" in files and "build_config.json" in files
+    assert any(f.endswith(".cu") for f in files) and any(f.endswith(".cpp") for f in files)
+    assert all(f.startswith(("csrc/", "setup.py", "build_config.json", "attn_ops/")) for f in files)
