@@ -21,6 +21,8 @@
 #   GPU_CHECK_XDIST=14          pytest-xdist workers for the test suites (0: none; used if installed)
 #   GPU_CHECK_CPU_TESTS=1       run the CPU cases last with the time left (0: never)
 #   PYTHON=python3, MAX_JOBS=16, TORCH_CUDA_ARCH_LIST=9.0 (build)
+#   GPU_CHECK_PREBUILT=.prebuilt  a library built ahead by benchmarks/prebuild_device.sh, used when its
+#                               stamp matches (else the usual build)
 #   Without a GPU (a dry run of the script itself) the GPU stages skip and the benchmarks run on the
 #   CPU at tiny sizes; GPU_CHECK_SKIP=build keeps an existing build.
 set -uo pipefail
@@ -282,8 +284,38 @@ SANITIZER=$(command -v compute-sanitizer 2>/dev/null \
 finalize
 
 # --------------------------------------------------------------------------------- (b) build
+# A library built ahead on another machine (benchmarks/prebuild_device.sh) saves the build's 90-120 s of a
+# short lease. It is used only when its stamp equals the hash of this tree's build inputs, torch's and
+# Python's versions and TORCH_CUDA_ARCH_LIST (benchmarks/build_stamp.py), and only if it imports.
+PREBUILT_NOTE=""
+use_prebuilt() {
+  local dir=${GPU_CHECK_PREBUILT:-$REPO/.prebuilt} lib want have t0
+  [[ -f $dir/stamp ]] || return 1
+  t0=$(now)
+  lib=$(ls "$dir"/_C.*.so 2>/dev/null | head -n 1)
+  want=$(cat "$dir/stamp")
+  have=$("$PY" "$REPO/benchmarks/build_stamp.py" --arch-list "$TORCH_CUDA_ARCH_LIST" 2>/dev/null)
+  if [[ -z $lib || $want != "$have" ]]; then
+    PREBUILT_NOTE="; $dir not used: its stamp differs from this tree's (other sources, torch, Python or architectures)"
+    return 1
+  fi
+  rm -f "$REPO"/attn_ops/_C.*.so
+  cp "$lib" "$REPO/attn_ops/"
+  if ! "$PY" -c "import attn_ops" >"$WORK/build.log" 2>&1; then
+    rm -f "$REPO/attn_ops/$(basename "$lib")"
+    PREBUILT_NOTE="; $dir not used: it did not import (build_prebuilt.log)"
+    mv "$WORK/build.log" "$WORK/build_prebuilt.log"
+    return 1
+  fi
+  set_stage build PASS "$(( $(now) - t0 ))" "-" "prebuilt library from $dir (stamp ${want:0:12})"
+  echo "== [build] prebuilt library from $dir"
+  finalize
+}
+
 if skipped_by_user build; then
   skip_stage build "GPU_CHECK_SKIP (existing build kept)"
+elif use_prebuilt; then
+  :
 else
   limit=$(( $(remaining) - RESERVE - 60 ))
   (( limit > 420 )) && limit=420
@@ -318,7 +350,7 @@ else
   fi
   has_module ninja || command -v ninja >/dev/null 2>&1 || how+="; no ninja: serial build"
   find_stage build; i=$IDX
-  set_stage build "${STATUS[$i]}" "${SECS[$i]}" "${LIMITS[$i]}" "$how; $(count_lines 'warning' "$WORK/build.log") warning lines"
+  set_stage build "${STATUS[$i]}" "${SECS[$i]}" "${LIMITS[$i]}" "$how; $(count_lines 'warning' "$WORK/build.log") warning lines$PREBUILT_NOTE"
   finalize
 fi
 
