@@ -268,3 +268,75 @@ def test_unsupported_masks_are_rejected():
     with pytest.raises(ValueError, match=r"int32 \[batch, 4, 1, 1\] padding layout .* got "
                                          r"torch\.bool of shape \[3, 1, 10, 10\]"):
         model(ids, attention_mask=dense)
+
+
+def test_prefix_lm_block_mask_is_rejected():
+    """A block mask (PaliGemma's image and prefix tokens see each other both ways, the rest is causal) passes
+    the "sees the token before" check; it must still be refused, not run as plain causal."""
+    from transformers.masking_utils import create_causal_mask
+    model, _ = build("llama", torch.float32)
+    model.config._attn_implementation = "attn_ops"
+    embeds = torch.zeros(1, 6, COMMON["hidden_size"])
+    with pytest.raises(ValueError, match="prefix-LM or block mask"):
+        create_causal_mask(model.config, embeds, None, None, block_sequence_ids=torch.tensor([[0, 0, 0, -1, -1, -1]]))
+
+
+@pytest.mark.parametrize("target_len", [5, 8, 11], ids=["shorter", "same", "longer"])
+def test_cross_attention_pads_only_encoder_keys(target_len):
+    """An encoder-decoder (Bart): the cross-attention's mask is the source padding, its queries are decoder
+    tokens. Padding in the source must hide those keys only, not mark decoder queries as padding (which zeroed
+    them), and a decoder longer than the source must not index past the source mask."""
+    config = transformers.BartConfig(vocab_size=50, d_model=32, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=64, init_std=0.3)
+    model = transformers.BartForConditionalGeneration(config).eval().double()
+    source, target = torch.randint(3, 50, (2, 8)), torch.randint(3, 50, (2, target_len))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, 3:] = 0
+    outs = {}
+    for implementation in ("eager", "attn_ops"):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            outs[implementation] = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(outs["attn_ops"], outs["eager"], rtol=1e-10, atol=1e-10)
+
+
+def test_one_token_rows_laid_out_token_major_without_cache():
+    """Keys of one position are contiguous either way by is_contiguous(); Llama's (a view of the projection,
+    token-major) must not take the head-major in-place path, which read out of bounds."""
+    model, model64 = build("llama", torch.float32)
+    ids, mask = torch.randint(1, 97, (3, 1)), torch.tensor([[0], [1], [1]])
+    model.set_attn_implementation("attn_ops")
+    with torch.no_grad():
+        ours = model(ids, attention_mask=mask, use_cache=False).logits
+    model64.set_attn_implementation("eager")
+    with torch.no_grad():
+        ref = model64(ids, attention_mask=mask, use_cache=False).logits
+    torch.testing.assert_close(ours[1:].double(), ref[1:], rtol=1e-4, atol=1e-4)
+
+
+def test_static_cache_with_a_full_length_mask():
+    """A 2-D mask as long as the StaticCache (as a compiled loop pads it) marks its unused tail real; a causal
+    layer must still end each row's keys at its last query, as transformers' own masks do."""
+    model, _ = build("llama", torch.float64)
+    ids = torch.randint(1, 97, (2, 5))
+    outs = {}
+    for implementation in ("eager", "attn_ops"):
+        model.set_attn_implementation(implementation)
+        for length in (5, 16):
+            cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+            with torch.no_grad():
+                outs[implementation, length] = model(ids, attention_mask=torch.ones(2, length, dtype=torch.long),
+                                                     past_key_values=cache).logits
+    for length in (5, 16):
+        torch.testing.assert_close(outs["attn_ops", length], outs["eager", 5], rtol=1e-10, atol=1e-10)
+
+
+def test_chunked_attention_config_is_rejected():
+    """Llama 4's chunked attention: chunk boundaries a decode step cannot see, so refused up front."""
+    from transformers.masking_utils import create_causal_mask
+    model, _ = build("llama", torch.float32)
+    model.config._attn_implementation = "attn_ops"
+    model.config.attention_chunk_size = 4
+    with pytest.raises(NotImplementedError, match="chunked attention"):
+        create_causal_mask(model.config, torch.zeros(1, 6, COMMON["hidden_size"]), None, None)

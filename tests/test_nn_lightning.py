@@ -91,6 +91,10 @@ def test_state_pool_allocate_free_reset_reorder():
     with pytest.raises(ValueError, match=r"^LinearAttentionState.free: slots \[0\] are not allocated$"):
         pool.free([0])
     assert pool.allocate(3).tolist() == [2, 0, 1] and (pool.states == 0).all()
+    with pytest.raises(ValueError, match=r"^LinearAttentionState.free: slots \[1\] are given more than once$"):
+        pool.free([1, 1])  # freed twice, slot 1 would go to two sequences
+    pool.free([1, 2])
+    assert pool.allocate(2).tolist() == [1, 2]
 
 
 def test_decode_step_compiles_fullgraph():

@@ -137,6 +137,12 @@ def test_module_structure(device):
     m = m.to(torch.bfloat16)
     assert m.q_proj.weight.dtype == torch.bfloat16 and m.rope_cos.dtype == torch.float32
     assert torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)
+    # a float64 module has float64 tables, computed in float64, whatever dtype it was built in
+    cos64, sin64 = attn_ops.rotary_cos_sin(4096, 8, 10000.0, dtype=torch.float64, device=device)
+    m = m.double()
+    assert torch.equal(m.rope_cos, cos64) and torch.equal(m.rope_sin, sin64)
+    m = m.float()
+    assert m.rope_cos.dtype == torch.float32 and torch.equal(m.rope_cos, cos64.float())
     assert MultiQueryAttention(64, 4).num_kv_heads == 1
     mha = MultiHeadAttention(64, 4, head_dim=32)
     assert mha.num_kv_heads == 4 and mha.q_proj.weight.shape == (128, 64)

@@ -25,9 +25,11 @@ unused tail all are.
 
 Supported: causal (bottom-right aligned, so decoding over a cache needs no mask), ``scaling``,
 ``sliding_window``, ``softcap``, GQA/MQA, padding, ``DynamicCache`` / ``StaticCache`` generation,
-``torch.compile(fullgraph=True)``. Not supported (clear errors): attention dropout, 4-D masks,
-custom ``or_mask_function`` / ``and_mask_function``, packed sequences given only by
-``position_ids``, attention sinks (``s_aux``) and position biases. See docs/transformers.md.
+``torch.compile(fullgraph=True)``; bidirectional masks pad keys only, as transformers' do (encoders,
+cross-attention). Not supported (clear errors): attention dropout, 4-D masks, custom
+``or_mask_function`` / ``and_mask_function``, prefix-LM / block masks, chunked attention, packed
+sequences given only by ``position_ids``, attention sinks (``s_aux``) and position biases. See
+docs/transformers.md.
 """
 import warnings
 from typing import Optional, Tuple
@@ -96,19 +98,33 @@ def padding_layout(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
         raise NotImplementedError(
             "attn_ops attention does not support custom or_mask_function / and_mask_function "
             "masks (they need a dense mask); use attn_implementation='sdpa' for this model")
+    config = kwargs.get("config")
+    if getattr(config, "attention_chunk_size", None):
+        raise NotImplementedError(
+            "attn_ops attention does not support chunked attention (config.attention_chunk_size, Llama 4): "
+            "its chunk boundaries are positions in the whole sequence, which a decode step cannot see; "
+            "use attn_implementation='sdpa' for this model")
     q_pos = torch.arange(q_length, device=device) + q_offset
+    kv_pos = torch.arange(kv_length, device=device) + kv_offset
     aligned = isinstance(q_offset, int) and q_offset + q_length == kv_offset + kv_length
+    # A bidirectional mask (encoders, cross-attention) pads keys only, as transformers' own masks do: every
+    # query is real (a cross-attention's queries are not even positions of attention_mask's sequence), and
+    # every key up to kv_length is. A causal one also ends each row's keys at its last query (the unused
+    # tail of a StaticCache, which a full-length attention_mask may still mark real).
+    bidirectional = _sees_later_key(mask_function, q_pos)
+    keys_in_reach = (kv_pos < q_offset + q_length) | bidirectional
     if attention_mask is None:
         q_real = torch.ones(batch_size, q_length, dtype=torch.bool, device=device)
-        kv_pos = torch.arange(kv_length, device=device) + kv_offset
-        kv_real = (kv_pos < q_offset + q_length).expand(batch_size, kv_length)
+        kv_real = keys_in_reach.expand(batch_size, kv_length)
     else:
         attention_mask = attention_mask.to(device=device, dtype=torch.bool)
         missing = kv_offset + kv_length - attention_mask.shape[-1]
         if missing > 0:
             attention_mask = F.pad(attention_mask, (0, missing))
-        q_real = attention_mask[:, q_pos]
-        kv_real = attention_mask[:, kv_offset:kv_offset + kv_length]
+        width = attention_mask.shape[-1]
+        q_in_mask = attention_mask[:, q_pos.clamp(max=width - 1)] & (q_pos < width)
+        q_real = q_in_mask | bidirectional
+        kv_real = attention_mask[:, kv_offset:kv_offset + kv_length] & keys_in_reach
     _check_no_breaks(mask_function, batch_size, q_pos, q_real)
     if attention_mask is None and aligned:
         return None
@@ -134,19 +150,36 @@ def _real_run(real: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     return start, count, (inside == real).all()
 
 
+def _sees_later_key(mask_function, q_pos: Tensor) -> Tensor:
+    """Whether ``mask_function`` lets the first query see the key one position after it (a bool tensor:
+    traced, no host read): True for bidirectional masks, False for causal ones (and without a function)."""
+    if mask_function is None or q_pos.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=q_pos.device)
+    first = torch.zeros(1, 1, dtype=torch.long, device=q_pos.device)
+    return mask_function(first, first, q_pos[None, :1], q_pos[None, :1] + 1).reshape(())
+
+
 def _check_no_breaks(mask_function, batch_size: int, q_pos: Tensor, q_real: Tensor) -> None:
-    """Each real query must see the key just before it when that key is a real token too: true of
-    causal, bidirectional and sliding-window (width >= 2) masks, false at the boundaries of packed
-    sequences and attention chunks, which the layout cannot express."""
+    """Between two real neighbouring queries, the later must see the earlier (true of causal,
+    bidirectional and sliding-window (width >= 2) masks, false at the boundaries of packed sequences and
+    attention chunks), and whether the earlier sees the later must be the same for every such pair (all:
+    bidirectional, none: causal; some: a prefix-LM or block mask, PaliGemma's image and prefix tokens).
+    The layout can express neither of the two patterns it rules out."""
     if mask_function is None or q_pos.numel() < 2:
         return
     batch = torch.arange(batch_size, device=q_pos.device)[:, None]
     head = torch.zeros(1, 1, dtype=torch.long, device=q_pos.device)
-    sees = mask_function(batch, head, q_pos[None, 1:], q_pos[None, :-1])
-    _require((sees | ~(q_real[:, 1:] & q_real[:, :-1])).all(),
+    real_pair = q_real[:, 1:] & q_real[:, :-1]
+    sees_before = mask_function(batch, head, q_pos[None, 1:], q_pos[None, :-1])
+    _require((sees_before | ~real_pair).all(),
              "attn_ops attention supports causal, bidirectional and sliding-window masks only: "
              "this model's mask hides a token from the next one (packed sequences in "
              "position_ids, or chunked attention); use attn_implementation='sdpa' for it")
+    sees_after = mask_function(batch, head, q_pos[None, :-1], q_pos[None, 1:])
+    _require((sees_after | ~real_pair).all() | (~sees_after | ~real_pair).all(),
+             "attn_ops attention supports causal, bidirectional and sliding-window masks only: "
+             "this model's mask lets some tokens see later ones and not others (a prefix-LM or block "
+             "mask, e.g. image and prefix tokens); use attn_implementation='sdpa' for it")
 
 
 def _require(ok: Tensor, message: str) -> None:
@@ -234,6 +267,15 @@ def _cumulative(lengths: Tensor) -> Tensor:
     return F.pad(lengths.flatten().cumsum(dim=0), (1, 0)).to(torch.int32)
 
 
+def _head_major(t: Tensor) -> bool:
+    """Whether ``t`` ``[B, S, H, D]`` is the transposed view of a contiguous ``[B, H, S, D]`` tensor, by its
+    strides, size-1 dims included (``is_contiguous`` ignores their strides, and so a ``[B, 1, H, D]``
+    tensor laid out token-major passed it)."""
+    _, seqlen, heads, dim = t.shape
+    return (t.stride(3) == 1 and t.stride(1) == dim and t.stride(2) == seqlen * dim
+            and t.stride(0) == heads * seqlen * dim)
+
+
 def _kv_tokens(k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, int]:
     """``k`` / ``v`` ``[B, S, H, D]`` as token-major ``[T, H, D]``, and the row pitch: row b's keys
     are tokens ``b * pitch ... b * pitch + S - 1``.
@@ -246,7 +288,7 @@ def _kv_tokens(k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, int]:
     """
     batch, seqlen, heads, _ = k.shape
     in_place = (not (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad))
-                and k.transpose(1, 2).is_contiguous() and v.transpose(1, 2).is_contiguous())
+                and _head_major(k) and _head_major(v))
     if not in_place or heads * seqlen == seqlen:
         return k.reshape(batch * seqlen, heads, -1), v.reshape(batch * seqlen, heads, -1), seqlen
     pitch = heads * seqlen

@@ -38,14 +38,23 @@ class RotaryTables(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def _apply(self, fn, recurse=True):
+        before = self.rope_cos.dtype
         super()._apply(fn, recurse)
-        if self.rope_cos.dtype not in (torch.float32, torch.float64):  # cast to float16 / bfloat16
-            if self.rope_cos.device.type == "meta":
-                cos, sin = self.rope_cos.float(), self.rope_sin.float()
-            else:  # recomputed, not upcast: the low-precision copies lost digits
-                cos, sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.rotary_dim, self.rope_theta,
-                                               dtype=torch.float32, device=self.rope_cos.device)
-            self.rope_cos, self.rope_sin = cos, sin
+        after = self.rope_cos.dtype
+        # Tables of float32 for float16 / bfloat16 modules, float64 for float64 ones (_init_rotary's rule),
+        # recomputed, not cast: a float16 copy lost digits, and a float64 copy of float32 tables keeps their error.
+        if after not in (torch.float32, torch.float64):
+            table_dtype = torch.float32
+        elif after == torch.float64 and before != torch.float64:
+            table_dtype = torch.float64
+        else:
+            return self
+        if self.rope_cos.device.type == "meta":
+            cos, sin = self.rope_cos.to(table_dtype), self.rope_sin.to(table_dtype)
+        else:
+            cos, sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.rotary_dim, self.rope_theta,
+                                           dtype=table_dtype, device=self.rope_cos.device)
+        self.rope_cos, self.rope_sin = cos, sin
         return self
 
     def _tables(self, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:

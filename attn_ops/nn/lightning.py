@@ -164,6 +164,9 @@ class LinearAttentionState:
     def free(self, slots: Union[Sequence[int], Tensor]) -> None:
         """Return ``slots`` to the free list (their states are zeroed when allocated again)."""
         slots = [int(s) for s in (slots.tolist() if isinstance(slots, Tensor) else slots)]
+        repeated = sorted({s for s in slots if slots.count(s) > 1})
+        if repeated:  # freed twice, a slot would later be handed to two sequences
+            raise ValueError(f"LinearAttentionState.free: slots {repeated} are given more than once")
         taken = set(range(self.num_slots)) - set(self._free)
         bad = [s for s in slots if s not in taken]
         if bad:
