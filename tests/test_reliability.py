@@ -205,6 +205,84 @@ def test_double_backward_through_attention_raises():
     assert torch.isfinite(g).all()
 
 
+def _lightning_forward(q, k, v):
+    return attn_ops.lightning_attention(q, k, v, torch.full((q.shape[2],), 0.3))[0]
+
+
+def _additive_forward(q, k, v):  # qp, kp, v [B, T, A] from [B, T, 2, 3]
+    q, k, v = (t.flatten(2) for t in (q, k, v))
+    return attn_ops.additive_attention(q, k, torch.linspace(-1, 1, q.shape[-1], dtype=q.dtype), v)[0]
+
+
+@pytest.mark.parametrize("forward", [_lightning_forward, _additive_forward], ids=["lightning", "additive"])
+def test_double_backward_through_the_other_differentiable_ops_raises(forward):
+    """lightning_attention_backward and additive_attention_backward had no autograd kernel: a second derivative
+    came out as zeros with only a warning."""
+    q, k, v = (torch.randn(1, 4, 2, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    with pytest.raises(RuntimeError, match="is the derivative of attn_ops.(lightning|additive)_attention, and double "
+                                           "backward .* is not supported"):
+        (g,) = torch.autograd.grad(forward(q, k, v).square().sum(), q, create_graph=True)
+        g.sum().backward()
+    (g,) = torch.autograd.grad(forward(q, k, v).square().sum(), q)  # first order still works
+    assert torch.isfinite(g).all() and g.abs().sum() > 0
+
+
+def _decode_ops(q_requires_grad):
+    """The three decode ops' outputs for a q that requires grad (or not)."""
+    q = torch.randn(2, 1, 4, 8, requires_grad=q_requires_grad)
+    kc = torch.randn(2, 16, 2, 8)
+    kv_out = attn_ops.attention_with_kvcache(q, kc, kc.clone(), i32([3, 5]))[0]
+    mla_out = attn_ops.mla_decode(q, torch.randn(2, 1, 4, 4), torch.randn(2, 8, 12), i32([3, 5]), scale=0.3)[0]
+    lightning_out = attn_ops.lightning_attention_decode_(q, q.detach()[:, :, :2], torch.randn(2, 1, 2, 8),
+                                                         torch.zeros(2, 4, 8, 8), torch.full((4,), 0.3))
+    return {"attention_with_kvcache": kv_out, "mla_decode": mla_out, "lightning_attention_decode_": lightning_out}
+
+
+@pytest.mark.parametrize("op", ["attention_with_kvcache", "mla_decode", "lightning_attention_decode_"])
+def test_backward_through_a_decode_op_raises(op):
+    """The decode ops have no derivative. They still run in grad mode (a module decoding without
+    torch.no_grad()), but a backward through their outputs raises; before, q silently got no gradient."""
+    out = _decode_ops(True)[op]
+    assert out.requires_grad
+    with pytest.raises(RuntimeError, match=f"attn_ops.{op} is not differentiable: a backward reached its outputs"):
+        out.sum().backward()
+    with torch.no_grad():
+        assert not _decode_ops(True)[op].requires_grad
+    assert not _decode_ops(False)[op].requires_grad
+
+
+def test_lightning_decode_bumps_the_state_version():
+    """A graph that saved the pool state, which the decode then advanced, must not backpropagate through the new
+    values silently (as kv_cache_append, it bumps the version counter of what it writes)."""
+    state, x = torch.randn(2, 2, 3, 3), torch.randn(2, 2, 3, 3, requires_grad=True)
+    y = (x * state).sum()
+    q = torch.randn(2, 1, 2, 3)
+    attn_ops.lightning_attention_decode_(q, q, q, state, torch.full((2,), 0.3))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+@pytest.mark.parametrize("shape", ["no_queries", "no_batch", "varlen_no_queries"])
+def test_backward_of_an_empty_output(shape):
+    """out.sum() over no element gives a stride-0 gradient, which .contiguous() leaves as it is: the check of the
+    gradient's last stride refused it, so a rank or packed batch without queries could not train."""
+    if shape == "varlen_no_queries":
+        q, k, v = (torch.randn(n, 2, 4, dtype=torch.float64, requires_grad=True) for n in (0, 5, 5))
+        out, _ = attn_ops.attention(q, k, v, cu_seqlens_q=i32([0, 0, 0]), cu_seqlens_k=i32([0, 2, 5]),
+                                    max_seqlen_q=0, max_seqlen_k=3)
+    else:
+        b, tq = (2, 0) if shape == "no_queries" else (0, 3)
+        q = torch.randn(b, tq, 2, 4, dtype=torch.float64, requires_grad=True)
+        k, v = (torch.randn(b, 5, 1, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        out, _ = attn_ops.attention(q, k, v)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and torch.equal(k.grad, torch.zeros_like(k))
+    x = torch.randn(1, 0, 2, 8, requires_grad=True)
+    cos, sin = attn_ops.rotary_cos_sin(16, 8)
+    attn_ops.rotary_embedding(x, cos, sin, torch.zeros(1, 0, dtype=torch.long)).sum().backward()
+    assert x.grad.shape == x.shape
+
+
 # ---- 4. NaN propagates, deterministically ----------------------------------------------------------
 
 def _with_threads(n, fn):

@@ -42,8 +42,10 @@ inline void check_same_device(const char* op, const char* name, const at::Tensor
 }
 
 inline void check_last_dim_contiguous(const char* op, const char* name, const at::Tensor& t) {
-  // A last dim of size 1 may carry any stride; it is still read contiguously.
-  TORCH_CHECK(t.sym_stride(-1) == 1 || t.sym_size(-1) == 1, op, ": ", name,
+  // A last dim of size 1 may carry any stride; it is still read contiguously. So may an empty tensor (nothing is
+  // read): the gradient of out.sum() over no element arrives expanded, with stride 0, and stays so through
+  // .contiguous(), which sees nothing to copy.
+  TORCH_CHECK(t.sym_stride(-1) == 1 || t.sym_size(-1) == 1 || t.sym_numel() == 0, op, ": ", name,
               " must have stride 1 in its last dimension, got stride ", t.sym_stride(-1));
 }
 

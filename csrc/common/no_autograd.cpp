@@ -1,16 +1,21 @@
-// Autograd-key kernel of the ops that have no derivative: the in-place writes (cache appends,
-// rotary_embedding_) and attention_backward (so no double backward). Without it the dispatcher's fallback
-// lets autograd run past them: an in-place rotation of a tensor in a graph then gave a wrong gradient with
-// no error, and a second derivative through attention came out as zeros. With grad mode on, this kernel
-// raises when a tensor the op writes requires grad, or, for rotary_embedding_ and attention_backward, when
-// any tensor argument does. A cache append may store values that require grad (a training forward that
-// also fills a cache): the cache keeps a copy, through which no gradient flows. Like PyTorch's in-place
-// ops, it bumps the version counter of every tensor it writes, so a tensor saved for backward elsewhere
-// and then overwritten is caught by autograd.
+// Autograd-key kernel of the ops that have no derivative. Without one the dispatcher's fallback lets autograd
+// run past an op with only a warning: an in-place rotation of a tensor in a graph then gave a wrong gradient,
+// a second derivative through attention or lightning attention came out as zeros, and a decode over a cache
+// left q without a gradient. With grad mode on, the kernel
+//  - raises when a tensor the op writes requires grad, or, for rotary_embedding_ and the backward ops (so no
+//    double backward), when any tensor argument does. A cache append may store values that require grad (a
+//    training forward that also fills a cache): the cache keeps a copy, through which no gradient flows.
+//  - for the decode ops (attention_with_kvcache, mla_decode, lightning_attention_decode_), whose outputs come
+//    from q (which requires grad in a module that decodes without torch.no_grad()), lets the call run but links
+//    its outputs to a node whose backward raises: inference that forgot no_grad keeps working, a backward
+//    through them is refused instead of leaving their inputs without a gradient.
+// Like PyTorch's in-place ops, it bumps the version counter of every tensor it writes, so a tensor saved for
+// backward elsewhere and then overwritten is caught by autograd.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <string>
@@ -19,34 +24,68 @@
 namespace attn_ops {
 namespace {
 
+// Which arguments that require grad the kernel refuses, and what it does with the outputs otherwise.
+enum class Policy {
+  kRefuseWritten,             // cache appends
+  kRefuseAny,                 // rotary_embedding_, the backward ops
+  kRefuseWrittenOutputsRaise  // the decode ops
+};
+
+// "attn_ops::kv_cache_append" as users spell it: "attn_ops.kv_cache_append".
+std::string user_name(const c10::FunctionSchema& schema) {
+  return "attn_ops." + schema.name().substr(schema.name().find("::") + 2);
+}
+
 std::string why_not_differentiable(const c10::FunctionSchema& schema) {
   if (schema.is_mutable()) {
     return "it writes in place and has no derivative; call it under torch.no_grad() or on tensors that do not "
            "require grad (detach() them)";
   }
-  return "it is the derivative of attn_ops.attention, and double backward (a second derivative through "
-         "attention, e.g. backward(create_graph=True)) is not supported";
+  const std::string name = user_name(schema), suffix = "_backward";
+  const std::string forward = name.substr(0, name.size() - suffix.size());
+  return "it is the derivative of " + forward + ", and double backward (a second derivative through " + forward +
+         ", e.g. backward(create_graph=True)) is not supported";
 }
 
-template <bool written_only>
+// Returns `computed` (outputs made below autograd from `inputs`) linked to a node whose backward raises
+// `message`. A custom Function, not an Error node set by hand: torch 2.11 and 2.14 hold nodes in different
+// pointer types, and this API is the same in both.
+struct NotDifferentiable : public torch::autograd::Function<NotDifferentiable> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                const torch::autograd::variable_list& computed,
+                                                const std::string& message) {
+    ctx->saved_data["message"] = message;
+    return computed;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list /*grad_outputs*/) {
+    TORCH_CHECK(false, ctx->saved_data["message"].toStringRef());
+    return {};
+  }
+};
+
+template <Policy policy>
 void no_autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const std::vector<c10::Argument>& args = schema.arguments();
-  // "attn_ops::kv_cache_append" as users spell it: "attn_ops.kv_cache_append".
-  const std::string name = "attn_ops." + schema.name().substr(schema.name().find("::") + 2);
+  const std::string name = user_name(schema);
+  const bool grad_mode = at::GradMode::is_enabled();
   const auto values = torch::jit::last(*stack, args.size());
-  std::vector<at::Tensor> written;
+  std::vector<at::Tensor> written, tracked;  // tracked: the arguments that require grad
   for (size_t i = 0; i < args.size(); ++i) {
-    if (!values[i].isTensor()) {
+    if (!values[i].isTensor() || !values[i].toTensor().defined()) {
       continue;
     }
     const at::Tensor& t = values[i].toTensor();
     const bool is_written = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
-    TORCH_CHECK(!((is_written || !written_only) && at::GradMode::is_enabled() && t.defined() && t.requires_grad()),
-                name, ": ", args[i].name(), " requires grad, but ", name, " is not differentiable: ",
-                why_not_differentiable(schema));
+    const bool refused = is_written || policy == Policy::kRefuseAny;
+    TORCH_CHECK(!(refused && grad_mode && t.requires_grad()), name, ": ", args[i].name(), " requires grad, but ",
+                name, " is not differentiable: ", why_not_differentiable(schema));
     if (is_written) {
       written.push_back(t);
+    }
+    if (t.requires_grad()) {
+      tracked.push_back(t);
     }
   }
   {
@@ -56,16 +95,40 @@ void no_autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   for (const at::Tensor& t : written) {
     t.unsafeGetTensorImpl()->bump_version();
   }
+  if (policy != Policy::kRefuseWrittenOutputsRaise || !grad_mode || tracked.empty()) {
+    return;
+  }
+  const size_t num_returns = schema.returns().size(), first = stack->size() - num_returns;
+  torch::autograd::variable_list computed;
+  for (size_t i = first; i < stack->size(); ++i) {
+    computed.push_back((*stack)[i].toTensor());
+  }
+  const std::string message = name + " is not differentiable: a backward reached its outputs (computed from "
+                              "inputs that require grad); run it under torch.no_grad() or on detached inputs";
+  // TensorList, not the vector: Function::apply finds the inputs it links to among the arguments of that type
+  const torch::autograd::variable_list linked = NotDifferentiable::apply(at::TensorList(tracked), computed, message);
+  for (size_t i = 0; i < num_returns; ++i) {
+    (*stack)[first + i] = linked[i];
+  }
+}
+
+template <Policy policy>
+torch::CppFunction kernel() {
+  return torch::CppFunction::makeFromBoxedFunction<&no_autograd_kernel<policy>>();
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attn_ops, Autograd, m) {
   for (const char* name : {"kv_cache_append", "paged_kv_cache_append", "mla_cache_append"}) {
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&no_autograd_kernel</*written_only=*/true>>());
+    m.impl(name, kernel<Policy::kRefuseWritten>());
   }
-  for (const char* name : {"rotary_embedding_", "attention_backward"}) {
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&no_autograd_kernel</*written_only=*/false>>());
+  for (const char* name : {"rotary_embedding_", "attention_backward", "lightning_attention_backward",
+                           "additive_attention_backward"}) {
+    m.impl(name, kernel<Policy::kRefuseAny>());
+  }
+  for (const char* name : {"attention_with_kvcache", "mla_decode", "lightning_attention_decode_"}) {
+    m.impl(name, kernel<Policy::kRefuseWrittenOutputsRaise>());
   }
 }
 
