@@ -64,9 +64,12 @@ class _GatherFromRanks(torch.autograd.Function):
 
 
 def copy_to_ranks(x: Tensor, group) -> Tensor:
-    """``f``: identity forward; backward sums the gradient over ``group`` (``x`` unchanged without a
-    group)."""
-    return x if group is None else _CopyToRanks.apply(x, group)
+    """``f``: identity forward; backward sums the gradient over ``group``. ``None`` is the default group,
+    as for the other two (and torch.distributed's collectives); without an initialized process group,
+    ``x`` is returned unchanged."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return x
+    return _CopyToRanks.apply(x, group)
 
 
 def reduce_from_ranks(x: Tensor, group) -> Tensor:

@@ -18,8 +18,11 @@ from torch import Tensor
 
 from .collectives import gather_from_ranks
 from .merge import check_partials, merge_attention_partials
-from .nn import GroupedQueryAttention, MultiHeadLatentAttention
+from .nn import GroupedQueryAttention, MultiHeadAttention, MultiHeadLatentAttention, MultiQueryAttention
 from .nn.parallel import TensorParallelGroupedQueryAttention, TensorParallelMultiHeadLatentAttention
+
+# The module types tensor_parallel shards (exactly: their shards keep these forwards).
+_SHARDABLE = (GroupedQueryAttention, MultiQueryAttention, MultiHeadAttention, MultiHeadLatentAttention)
 
 __all__ = ["tensor_parallel", "merge_attention_partials", "merge_attention_partials_across_ranks"]
 
@@ -62,6 +65,11 @@ def tensor_parallel(module: Union[GroupedQueryAttention, MultiHeadLatentAttentio
     if isinstance(module, parallel_types):
         raise ValueError(f"tensor_parallel: module is already a tensor-parallel shard (a "
                          f"{type(module).__name__})")
+    if type(module) not in _SHARDABLE:
+        # a subclass (an integration's adapter) has its own forward and state, which a shard would drop
+        raise TypeError(f"tensor_parallel: module must be one of {', '.join(t.__name__ for t in _SHARDABLE)}, "
+                        f"not a subclass of them, got {type(module).__name__} (its shard would lose its own "
+                        f"forward)")
     group = dist.group.WORLD if group is None else group
     rank = dist.get_rank(group)
     if rank < 0:

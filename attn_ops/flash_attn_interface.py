@@ -47,7 +47,13 @@ def _result(out: Tensor, lse: Tensor, return_lse: bool):
     return (out, lse, None) if return_lse else out
 
 
+def _last_dim_contiguous(x: Tensor) -> Tensor:
+    """FlashAttention's wrappers copy an input whose last dim is strided; the ops refuse one."""
+    return x if x is None or x.stride(-1) == 1 else x.contiguous()
+
+
 def _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, **varlen):
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(q, k, v, scale=softmax_scale, causal=causal, window_left=window_size[0],
                              window_right=window_size[1], softcap=softcap, **varlen)
     return _result(out, lse, return_attn_probs)
@@ -156,9 +162,10 @@ def flash_attn_with_kvcache(
     Returns out [B, Tq, Hq, Dv], or (out, softmax_lse [B, Hq, Tq]) with return_softmax_lse.
     """
     _check_supported(q, 0.0, alibi_slopes)
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     batch, seqlen_q = q.shape[0], q.shape[1]
+    capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:  # every row holds the whole cache
-        capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
         cache_seqlens = capacity - (0 if k is None else k.shape[1])
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
@@ -171,8 +178,10 @@ def flash_attn_with_kvcache(
         if k is not None:
             k_pos = lens[:, None] + torch.arange(seqlen_new, device=q.device, dtype=torch.int32)
             k = _rotate(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
-        # FlashAttention: queries at consecutive positions when causal / windowed, all at cache_seqlens else.
-        step = 1 if causal or window_size[0] >= 0 or window_size[1] >= 0 else 0
+        # FlashAttention: queries at consecutive positions when causal / windowed, all at cache_seqlens else;
+        # a window side that spans the whole cache (>= its capacity) counts as none, as FlashAttention drops it.
+        windowed = any(0 <= side < capacity for side in window_size)
+        step = 1 if causal or windowed else 0
         q_pos = lens[:, None] + step * torch.arange(seqlen_q, device=q.device, dtype=torch.int32)
         q = _rotate(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
 

@@ -30,6 +30,7 @@ from attn_ops.distributed import (merge_attention_partials, merge_attention_part
                                   tensor_parallel)
 from attn_ops.nn import (GroupedQueryAttention, KVCache, LatentKVCache, MultiHeadLatentAttention,
                          PagedKVCache)
+from attn_ops.nn.parallel import ColumnParallelLinear, RowParallelLinear
 from reference import assert_close_to_ref, attention_ref, cu_seqlens
 
 F64 = torch.float64
@@ -327,16 +328,38 @@ def scenario_tensor_parallel_errors():
          r"module must be a GroupedQueryAttention or a MultiHeadLatentAttention, got Linear"),
         (lambda: tensor_parallel(GroupedQueryAttention(24, 2, 2)), ValueError,
          r"module is already a tensor-parallel shard"),
+        (lambda: type("AdapterAttention", (MultiHeadLatentAttention,), {})(24, 2, None, 8, 4, 4, 4), TypeError,
+         r"module must be one of .*, not a subclass of them, got AdapterAttention"),
     ]
     for make, error, message in cases:
         with pytest.raises(error, match=r"^tensor_parallel: " + message):
             tensor_parallel(make())
 
 
+def scenario_parallel_linears_default_group():
+    """ColumnParallelLinear (copy_input) then RowParallelLinear, both with group=None: None is the default
+    group for every collective, so x's gradient is summed over the ranks (copy_to_ranks took None as "no
+    group" and left each rank with its shard's part)."""
+    first, second = nn.Linear(6, 8).double(), nn.Linear(8, 5).double()
+    x = torch.randn(3, 6, dtype=F64, requires_grad=True)
+    half = 8 // WORLD
+    start = dist.get_rank() * half
+    column = ColumnParallelLinear.shard(first, start, half, None, copy_input=True)
+    row = RowParallelLinear.shard(second, start, half, None)
+    out = row(torch.tanh(column(x)))
+    dout = torch.randn_like(out)
+    (out * dout).sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    ref = second(torch.tanh(first(x_ref)))
+    (ref * dout).sum().backward()
+    close64(out, ref, "out")
+    close64(x.grad, x_ref.grad, "x.grad")
+
+
 SCENARIOS = {f.__name__[len("scenario_"):]: f for f in (
     scenario_gqa_sharded_kv, scenario_gqa_replicated_kv, scenario_gqa_kv_heads_per_rank,
     scenario_mla_q_lora_bias, scenario_mla_no_q_lora, scenario_merge_across_ranks,
-    scenario_tensor_parallel_errors)}
+    scenario_tensor_parallel_errors, scenario_parallel_linears_default_group)}
 
 
 def _worker(rank, store, results_dir):

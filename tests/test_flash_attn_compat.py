@@ -142,7 +142,10 @@ def fa_kvcache_ref(a, kw, dt):
     tnew = 0 if k is None else k.shape[1]
     if "rotary_cos" in a:
         cos, sin, il = a["rotary_cos"], a["rotary_sin"], a["rotary_interleaved"]
-        step = 1 if kw.get("causal") or kw.get("window_size", (-1, -1)) != (-1, -1) else 0
+        capacity = kc.shape[1] * (1 if "block_table" not in a else a["block_table"].shape[1])
+        # FlashAttention drops a window side that spans the cache before it picks the query positions
+        windowed = any(0 <= side < capacity for side in kw.get("window_size", (-1, -1)))
+        step = 1 if kw.get("causal") or windowed else 0
         q = rope_ref(q, cos, sin, lens[:, None] + step * torch.arange(tq), interleaved=il, compute_dtype=dt)
         if k is not None:
             k = rope_ref(k, cos, sin, lens[:, None] + torch.arange(tnew), interleaved=il, compute_dtype=dt)
@@ -191,6 +194,29 @@ def test_flash_attn_with_kvcache(dtype, tq, tnew, paged, extras, rotary, mask):
     # the new keys / values were written in place (rotated keys: rounded once, as the same-dtype reference)
     for ours, r, s, n in ((a["k_cache"], ref[2], same[2], "k_cache"), (a["v_cache"], ref[3], same[3], "v_cache")):
         assert_close_to_ref(ours, r, s, name=n)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_rotary_queries_with_a_window_spanning_the_cache(paged):
+    """Non-causal, both window sides >= the cache capacity: FlashAttention treats that as no window, so every
+    query is rotated at cache_seqlens (not at consecutive positions)."""
+    a = kvcache_case(F32, tq=3, tnew=1, paged=paged, batch_idx=False, leftpad=False, rotary="half")
+    kw = {"causal": False, "window_size": (64, 70)}
+    ref, same = fa_kvcache_ref(a, kw, torch.float64), fa_kvcache_ref(a, kw, F32)
+    out = flash_attn_with_kvcache(**a, **kw)
+    assert_close_to_ref(out, ref[0], same[0], name="out")
+
+
+def test_inputs_with_a_strided_last_dim():
+    """FlashAttention's wrappers copy a q / k / v whose last dim is strided; so does the shim."""
+    q, k, v = (torch.randn(2, 5, 4, 64)[..., ::2] for _ in range(3))
+    assert q.stride(-1) == 2
+    out = flash_attn_func(q, k, v, causal=True)
+    ref = attention_ref(q, k, v, causal=True, compute_dtype=torch.float64)[0]
+    assert_close_to_ref(out, ref, attention_ref(q, k, v, causal=True, compute_dtype=F32)[0])
+    kc, vc = torch.randn(2, 16, 4, 32), torch.randn(2, 16, 4, 32)
+    out = flash_attn_with_kvcache(q[:, :1], kc, vc, k[:, :1], v[:, :1], cache_seqlens=3)
+    assert out.shape == (2, 1, 4, 32) and torch.equal(kc[:, 3], k[:, 0])
 
 
 def test_cache_seqlens_int_and_full_cache():

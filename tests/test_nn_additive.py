@@ -56,6 +56,21 @@ def test_training_gradients_match_reference():
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-10)
 
 
+def test_mixed_precision_under_autocast():
+    """Under torch.autocast the projections come out in bfloat16 while w and the value stay float32; the module
+    feeds the op one dtype (it refused w's float32 before). The gradient reaches every parameter."""
+    m = AdditiveAttention(6, 5, 7)
+    query, key = torch.randn(2, 3, 6), torch.randn(2, 4, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, weights = m(query, key, return_weights=True)
+    assert out.dtype == torch.bfloat16
+    ref_out, ref_weights = bahdanau_ref(m, query, key, key)
+    torch.testing.assert_close(out.float(), ref_out, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(weights.float(), ref_weights, rtol=0.05, atol=0.02)
+    out.float().square().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
 def test_compile_fullgraph():
     m = AdditiveAttention(8, 6, 16)
     compiled = torch.compile(m, fullgraph=True, dynamic=True)

@@ -143,6 +143,11 @@ def test_module_structure(device):
     assert torch.equal(m.rope_cos, cos64) and torch.equal(m.rope_sin, sin64)
     m = m.float()
     assert m.rope_cos.dtype == torch.float32 and torch.equal(m.rope_cos, cos64.float())
+    # tables the caller wrote (YaRN) survive every cast, in the table dtype of the module's
+    m.rope_cos.mul_(0.5)
+    custom = m.rope_cos.clone()
+    assert torch.equal(m.to(torch.bfloat16).rope_cos, custom)
+    assert torch.equal(m.double().rope_cos, custom.double())
     assert MultiQueryAttention(64, 4).num_kv_heads == 1
     mha = MultiHeadAttention(64, 4, head_dim=32)
     assert mha.num_kv_heads == 4 and mha.q_proj.weight.shape == (128, 64)

@@ -38,24 +38,30 @@ class RotaryTables(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def _apply(self, fn, recurse=True):
-        before = self.rope_cos.dtype
+        # The tables before the cast (float32 / float64): maybe the caller's own (YaRN), which must survive it.
+        cos, sin = self.rope_cos, self.rope_sin
         super()._apply(fn, recurse)
         after = self.rope_cos.dtype
-        # Tables of float32 for float16 / bfloat16 modules, float64 for float64 ones (_init_rotary's rule),
-        # recomputed, not cast: a float16 copy lost digits, and a float64 copy of float32 tables keeps their error.
-        if after not in (torch.float32, torch.float64):
-            table_dtype = torch.float32
-        elif after == torch.float64 and before != torch.float64:
-            table_dtype = torch.float64
-        else:
-            return self
-        if self.rope_cos.device.type == "meta":
-            cos, sin = self.rope_cos.to(table_dtype), self.rope_sin.to(table_dtype)
-        else:
+        # float32 tables for float16 / bfloat16 modules, float64 for float64 ones (_init_rotary's rule)
+        table_dtype = torch.float64 if after == torch.float64 else torch.float32
+        if after == table_dtype and (after == cos.dtype or after == torch.float32):
+            return self  # cast as wanted (float64 -> float32 rounds the better tables)
+        device = self.rope_cos.device
+        if table_dtype == torch.float64 and self._default_tables(cos, sin):
+            # float32 defaults to float64: recomputed, an upcast would keep float32's error
             cos, sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.rotary_dim, self.rope_theta,
-                                           dtype=table_dtype, device=self.rope_cos.device)
-        self.rope_cos, self.rope_sin = cos, sin
+                                           dtype=torch.float64, device=device)
+        # else the tables from before the cast (a float16 copy would have lost digits), in table_dtype
+        self.rope_cos, self.rope_sin = cos.to(device, table_dtype), sin.to(device, table_dtype)
         return self
+
+    def _default_tables(self, cos: Tensor, sin: Tensor) -> bool:
+        """Whether ``cos`` / ``sin`` are the tables this module computed (not ones the caller wrote)."""
+        if cos.device.type == "meta":
+            return True
+        default_cos, default_sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.rotary_dim,
+                                                       self.rope_theta, dtype=cos.dtype, device=cos.device)
+        return torch.equal(cos, default_cos) and torch.equal(sin, default_sin)
 
     def _tables(self, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
         """The tables for an input of ``dtype`` (float64 tables only for float64 inputs)."""

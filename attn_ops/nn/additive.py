@@ -76,7 +76,11 @@ class AdditiveAttention(nn.Module):
         if value.shape[-1] != self.value_dim:
             raise ValueError(f"AdditiveAttention: value expected last dim value_dim={self.value_dim}, "
                              f"got {list(value.shape)}")
-        out, _, weights = _ops.additive_attention(self.w_q(query), kp, self.w, value,
+        qp = self.w_q(query)
+        # one dtype for the op: under torch.autocast the projections come out in the autocast dtype while the
+        # parameter w and an unprojected value stay float32
+        dtype = qp.dtype
+        out, _, weights = _ops.additive_attention(qp, kp.to(dtype), self.w.to(dtype), value.to(dtype),
                                                   key_padding_mask=key_padding_mask, return_weights=return_weights)
         if step:
             out, weights = out.squeeze(1), (weights.squeeze(1) if return_weights else weights)

@@ -37,7 +37,8 @@ class LinformerSelfAttention(nn.Module):
     Sequences shorter than ``seq_len``: a length ``T <= seq_len`` uses the first ``T`` columns of the
     projections, ``K' = E[:, :T] K``. That is exactly what zero-padding the keys and values to
     ``seq_len`` gives, so one module serves every length up to ``seq_len``; longer inputs are refused.
-    (Padding *tokens* are not zeros after ``k_proj``: feed unpadded sequences or zero their rows.)
+    (Padding *tokens*, or zeroed input rows, are not zeros after ``k_proj``, which has a bias: feed
+    unpadded sequences.)
 
     The projections are initialized ``N(0, 1 / seq_len)``, so a projected row has the variance of a
     key row at full length.
