@@ -22,6 +22,7 @@ and without a partial last chunk) and mixed decode + prefill batches.
 import os
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_decode_kernel_cases(case, dtype):
-    torch.manual_seed(hash(case) % 1000)
+    torch.manual_seed(zlib.crc32(case.encode()))  # not hash(): randomized per process, a failure could not be rerun
     B, Tq, Hq, Hkv, Dk, Dv, lens, bs, kw = CASES[case]
     q, kc, vc, seqlens, bt = kvcache_inputs(B, Tq, Hq, Hkv, Dk, Dv, lens, dtype=dtype, block_size=bs)
     check(q, kc, vc, seqlens, bt, **kw)
@@ -215,17 +216,23 @@ def test_mixed_decode_and_prefill_rows_in_one_call(dtype, block_size):
     assert_close_to_ref(lse, r_lse, s_lse.to(lse.dtype), name="lse")
 
 
-def test_single_thread_threshold_gives_same_result():
-    """A call below the minimum-work threshold runs on one thread; its result does not depend on it."""
-    q, kc, vc, seqlens, _ = kvcache_inputs(2, 1, 4, 2, 32, 32, [20, 7])
-    out, lse = check(q, kc, vc, seqlens)
+@pytest.mark.parametrize("lens", [[20, 7], [1500, 9]], ids=["below_threshold", "key_splits"])
+def test_result_does_not_depend_on_the_thread_count(lens):
+    """A call below the minimum-work threshold runs on one thread whatever the thread count; one above it with a
+    long row splits that row's keys over the threads (B = 2 items for 2+ threads). Either way, 1 and 2 threads
+    give the same result, each checked against the reference."""
+    q, kc, vc, seqlens, _ = kvcache_inputs(2, 1, 4, 2, 64, 64, lens)
     threads = torch.get_num_threads()
+    results = []
     try:
-        torch.set_num_threads(1)
-        out1, lse1 = attn_ops.attention_with_kvcache(q, kc, vc, seqlens)
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(check(q, kc, vc, seqlens))
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(out, out1) and torch.equal(lse, lse1)
+    (out1, lse1), (out2, lse2) = results
+    torch.testing.assert_close(out1, out2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse1, lse2, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("isa", ISA_LEVELS)

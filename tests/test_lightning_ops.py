@@ -46,8 +46,10 @@ def test_forward_low_precision_tolerance_rule(dtype, Hk, device):
                                               scale=Dk ** -0.5, initial_state=init.to(device), block_size=BLOCK)
     out, final = out.cpu(), final.cpu()
     assert out.dtype == dtype and final.dtype == torch.float32
-    ref_out, ref_final = recurrence(q, k, v, s, scale=Dk ** -0.5, initial_state=init)
-    same_out, same_final = recurrence(q, k, v, s, scale=Dk ** -0.5, initial_state=init, compute_dtype=dtype)
+    ref_out, ref_final = recurrence(q, k, v, s, scale=Dk ** -0.5, initial_state=init, round_out=False)
+    # the documented computation: a float32 state, the output rounded to q's dtype once (a whole bfloat16
+    # recurrence drifts so far that a 10% error in the decay passed the rule)
+    same_out, same_final = recurrence(q, k, v, s, scale=Dk ** -0.5, initial_state=init, compute_dtype=torch.float32)
     assert_close_rule(out, ref_out, same_out, EPS[dtype] * (1 + ref_out.abs().max().item()))
     assert_close_rule(final, ref_final, same_final, EPS[dtype] * (1 + ref_final.abs().max().item()))
 

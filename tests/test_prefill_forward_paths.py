@@ -44,7 +44,8 @@ def dtype_id(d):
 
 # Lengths around the 64-key packing block and the 256-key tile; GQA groups 1, 4 and all (Hq = 8).
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("length, hkv", [(1, 8), (17, 2), (63, 1), (64, 8), (65, 2), (257, 1), (300, 2)])
+# (Length 1 with group 1 is a decode-shaped call, which routes to the decode kernel: 2 is the shortest here.)
+@pytest.mark.parametrize("length, hkv", [(2, 8), (17, 2), (63, 1), (64, 8), (65, 2), (257, 1), (300, 2)])
 def test_causal_lengths_and_groups(path, dtype, length, hkv):
     q, k, v = dense_inputs(1, length, length, 8, hkv, 128, 128, dtype, "cpu")
     assert_attention_close_to_ref(attn_ops.attention(q, k, v, causal=True), (q, k, v), causal=True)
