@@ -179,6 +179,28 @@ def test_bfloat16_score_scales(scale, bf16_score_products):
     check(q, kc, vc, seqlens, bt, scale=scale)
 
 
+@pytest.mark.parametrize("rows", [4, 64], ids=["stream", "gemm"])
+def test_bfloat16_logits_keep_float32_accuracy(rows, bf16_score_products):
+    """The bfloat16 kernels multiply q as given (bfloat16: exact) and scale the float32 sums: rounding the
+    scaled q to bfloat16 (the GEMM path did) put 2^-9 of every logit into lse (0.05 at logits ~15); the lse
+    must stay at float32 accuracy. And a scale so small (1e-40) that q . k alone overflows float32 where
+    scale * q . k does not keeps the scaled-q products (lse was NaN)."""
+    q = (torch.randn(1, 1, rows, 64, dtype=torch.float64) * 10).bfloat16()
+    k = (torch.randn(1, 5, 1, 64, dtype=torch.float64) * 10).bfloat16()
+    v = torch.randn(1, 5, 1, 64).bfloat16()
+    out, lse = attn_ops.attention_with_kvcache(q, k, v, torch.tensor([5], dtype=torch.int32), scale=0.01)
+    ref_out, ref_lse = attention_with_kvcache_ref(q, k, v, torch.tensor([5], dtype=torch.int32), scale=0.01)
+    assert (lse.double() - ref_lse).abs().max() < 1e-4 * ref_lse.abs().max()
+    q = (torch.randn(1, 1, rows, 64, dtype=torch.float64) * 1e4).bfloat16()
+    k = (torch.randn(1, 50, 1, 64, dtype=torch.float64) * 1e36).bfloat16()
+    v = torch.randn(1, 50, 1, 64).bfloat16()
+    lens = torch.tensor([50], dtype=torch.int32)
+    out, lse = attn_ops.attention_with_kvcache(q, k, v, lens, scale=1e-40)
+    ref_out, ref_lse = attention_with_kvcache_ref(q, k, v, lens, scale=1e-40)
+    # (the GEMM path rounds the scaled q to bfloat16 here: bfloat16-level accuracy)
+    assert torch.isfinite(lse).all() and (lse.double() - ref_lse).abs().max() < 2 ** -8 * ref_lse.abs().max()
+
+
 def packed_mixed_inputs(lens_q, lens_k, Hq, Hkv, D, dtype, block_size, pool_rows):
     """Packed q [sum(lens_q), Hq, D], a cache pool of pool_rows rows (paged when block_size is given),
     cache_seqlens and the serving keyword arguments (cu_seqlens_q, cache_batch_idx, cache_leftpad)."""

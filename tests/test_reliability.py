@@ -283,6 +283,22 @@ def test_backward_of_an_empty_output(shape):
     assert x.grad.shape == x.shape
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_tiny_softcap_with_a_mask_gives_finite_gradients(dtype):
+    """A masked key's logit is left uncapped, and with a tiny (accepted) softcap 1 - (s / cap)^2 overflowed
+    to -inf there: 0 * -inf made dq / dk NaN."""
+    cap = 1e-160 if dtype == torch.float64 else 1e-20
+    leaves = [torch.randn(1, 6, 2, 8, dtype=dtype, requires_grad=True) for _ in range(3)]
+    out, lse = attn_ops.attention(*leaves, causal=True, softcap=cap)
+    grads = torch.autograd.grad((out.float() * torch.linspace(-1, 1, 8)).sum(), leaves)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    ref_out, _ = attention_ref(*ref_leaves, causal=True, softcap=cap)
+    ref_grads = torch.autograd.grad((ref_out * torch.linspace(-1, 1, 8, dtype=torch.float64)).sum(), ref_leaves)
+    for g, r in zip(grads, ref_grads):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g.double(), r, rtol=0.02, atol=0.02)
+
+
 # ---- 4. NaN propagates, deterministically ----------------------------------------------------------
 
 def _with_threads(n, fn):

@@ -242,7 +242,7 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
   const int64_t ld_q = padded_to_chunks(Dqk), ld_acc = padded_to_chunks(Dv);
   float* acc = a.stream_scratch;            // [heads, rows, ld_acc]
   float* q_perm = acc + all_rows * ld_acc;  // [heads, rows, ld_q]
-  if (decode_scores_on_pairs() && a.scale != 0.f && std::isfinite(a.scale)) {
+  if (decode_scores_on_pairs() && multiply_unscaled_q(a.scale)) {
     // q as the caller gave it: a.q / a.scale restores its bfloat16 values, the scale goes on the sums
     auto* q_pairs = reinterpret_cast<c10::BFloat16*>(q_perm);  // [heads, rows, ld_q], half of q_perm's bytes
     for (int64_t r = 0; r < all_rows; ++r) {

@@ -201,9 +201,10 @@ auto next_tile_prefetch(const DecodeRows<scalar_t, float>& a, int64_t n, int64_t
 }
 
 // Q^T of every KV head in fma_scores' layout for a panel kind (S = Panel::kStep dims per step): out [heads,
-// Dqk / S, hp, S] in Panel::b_t, hp = gemm_rows_padded(rows), zero past rows.
+// Dqk / S, hp, S] in Panel::b_t, hp = gemm_rows_padded(rows), zero past rows; q times `factor` (1: q with the
+// softmax scale, 1 / scale: q as the caller gave it).
 template <typename Panel, typename scalar_t>
-void arrange_q_steps(const DecodeRows<scalar_t, float>& a, typename Panel::b_t* out) {
+void arrange_q_steps(const DecodeRows<scalar_t, float>& a, typename Panel::b_t* out, float factor = 1.f) {
   using T = typename Panel::b_t;
   constexpr int64_t S = Panel::kStep;
   const int64_t rows = a.rows, Dqk = a.dim_qk, hp = gemm_rows_padded(rows);
@@ -212,7 +213,7 @@ void arrange_q_steps(const DecodeRows<scalar_t, float>& a, typename Panel::b_t* 
     std::fill(qh, qh + Dqk * hp, T(0));
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t d = 0; d < Dqk; ++d) {
-        qh[(d / S * hp + r) * S + d % S] = static_cast<T>(a.q[(head * rows + r) * Dqk + d]);
+        qh[(d / S * hp + r) * S + d % S] = static_cast<T>(a.q[(head * rows + r) * Dqk + d] * factor);
       }
     }
   }
@@ -271,8 +272,9 @@ bool pairs_apply(const DecodeRows<scalar_t, acc_t>& a) {
 // accumulation (vdpbf16ps: twice an FMA's products per instruction), as the prefill forward's Bf16PairPanel.
 // The scores read each key row in place (fma_scores: its pairs broadcast against Q^T in pairs, arranged once
 // per call); P V runs on the panel micro-kernel (panel_gemm) over the tile's values interleaved by key pairs
-// (an L2 pass over rows the scores just read). Q (scaled) and P are rounded to bfloat16, as on AMX and in
-// SDPA's CPU kernel; no float32 copy of the tile.
+// (an L2 pass over rows the scores just read). q is multiplied as the caller gave it (bfloat16: exact) and the
+// scale applied to the sums (multiply_unscaled_q; rounding the scaled q cost up to 2^-9 of each logit). P is
+// rounded to bfloat16, as on AMX and in SDPA's CPU kernel; no float32 copy of the tile.
 template <typename scalar_t>
 void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
   using bf16 = c10::BFloat16;
@@ -285,12 +287,18 @@ void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
   bf16* q_pairs = a.lowp;
   bf16* v_panels = q_pairs + a.heads * hp * Dqk + tile * Dqk;
   bf16* p = v_panels + tile * Dv;
-  arrange_q_steps<Bf16PairPanel>(a, q_pairs);
+  const bool unscaled = multiply_unscaled_q(a.scale);
+  arrange_q_steps<Bf16PairPanel>(a, q_pairs, unscaled ? 1.f / a.scale : 1.f);
   const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
     const int64_t n_next = std::min(tile, a.k_end - k0 - n);
     a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
     fma_scores<Bf16PairPanel>(q_pairs + head * Dqk * hp, rows, Dqk, a.key_rows, n, a.scores, tile,
                               next_tile_prefetch(a, n, n_next));
+    if (unscaled) {
+      for (int64_t r = 0; r < rows; ++r) {
+        scale_row(a.scores + r * tile, n, a.scale);
+      }
+    }
   };
   const auto values = [&](int64_t head, int64_t n) {
     const int64_t pairs = (n + 1) / 2;

@@ -22,6 +22,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -43,6 +44,13 @@ constexpr int kValueBlock = kWide ? 3 : 2;
 template <int RB>
 constexpr int score_keys() {
   return kWide && 16 % RB == 0 ? 16 / RB : kKeyBlock;
+}
+
+// Whether a bfloat16 kernel may multiply q as the caller gave it (a.q / scale) and apply the scale to the sums:
+// rounding the scaled q to bfloat16 instead costs up to 2^-9 of every logit. Not for scales below 2^-10, where
+// the unscaled q . k could overflow float32 for inputs whose scaled logits fit (the scaled-q paths keep them).
+inline bool multiply_unscaled_q(float scale) {
+  return std::isfinite(scale) && std::abs(scale) >= 0x1p-10f;
 }
 
 // W consecutive values as a vector of the accumulation type (bfloat16 / float16 widened in registers).

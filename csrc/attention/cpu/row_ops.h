@@ -182,16 +182,18 @@ inline void add_row(T* dst, const T* src, int64_t n) {
 }
 
 // Gradient of the logits from the probabilities: ds = p * (dp - delta), times (1 - (s / cap)^2) when the
-// logits s were soft-capped (the derivative of cap * tanh(x / cap)). `ds` holds dp on entry.
+// logits s were soft-capped (the derivative of cap * tanh(x / cap)). `ds` holds dp on entry. s / cap is
+// clamped to [-1, 1]: a capped logit is within it anyway, and a masked key's s is left uncapped (p = 0 there),
+// which with a tiny cap overflowed 1 - t^2 to -inf and made 0 * -inf a NaN gradient.
 template <typename T>
 inline void logit_grad_row(const T* p, const T* s, T* ds, int64_t n, T delta, T cap) {
   constexpr int64_t W = Vec<T>::size();
-  const Vec<T> vdelta(delta), vone(T(1)), vinv(cap > 0 ? T(1) / cap : T(0));
+  const Vec<T> vdelta(delta), vone(T(1)), vminus_one(T(-1)), vinv(cap > 0 ? T(1) / cap : T(0));
   int64_t i = 0;
   for (; i + W <= n; i += W) {
     Vec<T> g = Vec<T>::loadu(p + i) * (Vec<T>::loadu(ds + i) - vdelta);
     if (cap > 0) {
-      const Vec<T> t = Vec<T>::loadu(s + i) * vinv;
+      const Vec<T> t = at::vec::clamp(Vec<T>::loadu(s + i) * vinv, vminus_one, vone);
       g = g * (vone - t * t);
     }
     g.store(ds + i);
@@ -199,7 +201,7 @@ inline void logit_grad_row(const T* p, const T* s, T* ds, int64_t n, T delta, T 
   for (; i < n; ++i) {
     T g = p[i] * (ds[i] - delta);
     if (cap > 0) {
-      const T t = s[i] / cap;
+      const T t = std::clamp(s[i] / cap, T(-1), T(1));
       g *= T(1) - t * t;
     }
     ds[i] = g;
