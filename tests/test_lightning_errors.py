@@ -65,6 +65,8 @@ FORWARD_CASES = [
     (varlen(max_seqlen=4), "max_seqlen (4) is smaller than the longest sequence in cu_seqlens (6)"),
     (dict(max_seqlen=8), "max_seqlen is only valid with cu_seqlens"),
     (dict(block_size=0), "block_size must be >= 1, got 0"),
+    (varlen(max_seqlen=-1), "max_seqlen must be >= 0, got -1"),
+    (dict(slope=torch.rand(H, device="meta")), "slope must be on the same device as q (cpu), got meta"),
 ]
 
 
@@ -92,6 +94,7 @@ def decode_args():
 
 
 DECODE_CASES = [
+    (dict(state=r(N, H, DK, 2 * DV)[..., ::2]), "state must have stride 1 in its last dimension, got stride 2"),
     (dict(state=r(N, H, DV, DK)), "state must be a float32 tensor of shape [5, 4, 16, 24] [num_slots, heads, head_dim, "
                                   "head_dim_v], got float32 tensor of shape [5, 4, 24, 16]"),
     (dict(state=r(N, H * DK, DV)), "state must be a 4-D tensor [num_slots, heads, head_dim, head_dim_v], got a 3-D "

@@ -370,6 +370,19 @@ def test_decode_last_dim(device):
                 "q_latent and q_rope), got 576", *args, **kw)
 
 
+def test_width_limit(device):
+    """kv_lora_rank + rope_dim at most 1024 (the kernels' head-dim limit), in both ops."""
+    msg = "kv_lora_rank + rope_dim must be at most 1024, got 1024 + 64 = 1088"
+    raises(DEC, msg, *dec(device, ql=(2, 1, 2, 1024), qr=(2, 1, 2, 64), c=(2, 8, 1088))[0], **dec(device)[1])
+    args, kw = app(device, c=(2, 16, 1088), ckv=(2, 3, 1024))
+    raises(APP, msg, *args, **kw)
+
+
+def test_append_zero_rank(device):
+    args, kw = app(device, c=(2, 16, 64), ckv=(2, 3, 0))
+    raises(APP, "kv_lora_rank (the last dim of c_kv) must be at least 1, got 0", *args, **kw)
+
+
 def test_decode_batch_size(device):
     raises(DEC, "latent_cache must have batch size 2 (as q_latent), got 3",
            *dec(device, c=(3, 32, 576))[0], **dec(device)[1])
