@@ -108,3 +108,32 @@ def test_few_streams_split_the_value_columns():
     ref = torch.autograd.grad((ref_out * dout).sum() + (ref_final * dfinal).sum(), (q, k, v, init))
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_gradients_tolerance_rule(dtype, device):
+    """The backward's three passes for float16 / bfloat16 inputs (float32 states), against autograd through the
+    float64 recurrence, under the rule |ours - ref64| <= 2 |same - ref64| + eps, where `same` is autograd through
+    the documented computation (float32 recurrence on the same rounded inputs, gradients rounded once)."""
+    from lightning_reference import assert_close_rule
+    eps = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    B, T, H, Hk, Dk, Dv = 2, 37, 4, 2, 16, 24
+    leaves = [make((B, T, H, Dk), dtype), make((B, T, Hk, Dk), dtype), make((B, T, Hk, Dv), dtype)]
+    init = make((B, H, Dk, Dv), torch.float32)
+    s = minimax_slopes(H)
+    on_device = [t.detach().to(device).requires_grad_() for t in (*leaves, init)]
+    out, final = attn_ops.lightning_attention(*on_device[:3], s.to(device), scale=0.25, initial_state=on_device[3],
+                                              block_size=16)
+    dout, dfinal = torch.randn(out.shape, dtype=torch.float64), torch.randn(final.shape, dtype=torch.float64)
+    loss = (out.double() * dout.to(device)).sum() + (final.double() * dfinal.to(device)).sum()
+    ours = [g.cpu() for g in torch.autograd.grad(loss, on_device)]
+    refs = []
+    for compute in (torch.float64, torch.float32):
+        ref_leaves = [t.detach().to(compute).requires_grad_() for t in (*leaves, init)]
+        r_out, r_final = recurrence(*ref_leaves[:3], s, scale=0.25, initial_state=ref_leaves[3],
+                                    compute_dtype=compute, round_out=False)
+        grads = torch.autograd.grad((r_out.double() * dout).sum() + (r_final.double() * dfinal).sum(), ref_leaves)
+        refs.append([g.to(o.dtype) if compute != torch.float64 else g for g, o in zip(grads, ours)])
+    for name, g, r64, same in zip(("dq", "dk", "dv", "dinitial_state"), ours, *refs):
+        assert g.dtype == (torch.float32 if name == "dinitial_state" else dtype), name
+        assert_close_rule(g, r64, same, eps * (1 + r64.abs().max().item()))
