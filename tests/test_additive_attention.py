@@ -98,7 +98,7 @@ def test_gradcheck(masked, use_lse, device):
     assert torch.autograd.gradcheck(f, (qp, kp, w, v))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_gradients_against_reference(dtype, device):
     B, Tq, Tk, A, Dv = 2, 20, 140, 24, 16
     inputs64 = additive_inputs(B, Tq, Tk, A, Dv, requires_grad=True)
