@@ -60,7 +60,7 @@ def test_forward_varlen_and_split_keys(isa):
     assert_attention_close_to_ref(attn_ops.attention(q, k, v, **kw), (q, k, v), **kw)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
                          ids=lambda d: str(d).replace("torch.", ""))
 def test_backward(isa, dtype):
     q, k, v = dense_inputs(2, 70, 150, 8, 2, 64, 64, dtype, "cpu")
