@@ -42,10 +42,10 @@ class RotaryTables(nn.Module):
         cos, sin = self.rope_cos, self.rope_sin
         super()._apply(fn, recurse)
         after = self.rope_cos.dtype
+        if after == torch.float32 or after == cos.dtype == torch.float64:
+            return self  # cast as wanted (float64 -> float32 rounds the better tables)
         # float32 tables for float16 / bfloat16 modules, float64 for float64 ones (_init_rotary's rule)
         table_dtype = torch.float64 if after == torch.float64 else torch.float32
-        if after == table_dtype and (after == cos.dtype or after == torch.float32):
-            return self  # cast as wanted (float64 -> float32 rounds the better tables)
         device = self.rope_cos.device
         if table_dtype == torch.float64 and self._default_tables(cos, sin):
             # float32 defaults to float64: recomputed, an upcast would keep float32's error

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Optional, Sequence, Union
 
 import torch
@@ -164,7 +165,7 @@ class LinearAttentionState:
     def free(self, slots: Union[Sequence[int], Tensor]) -> None:
         """Return ``slots`` to the free list (their states are zeroed when allocated again)."""
         slots = [int(s) for s in (slots.tolist() if isinstance(slots, Tensor) else slots)]
-        repeated = sorted({s for s in slots if slots.count(s) > 1})
+        repeated = sorted(s for s, n in Counter(slots).items() if n > 1)
         if repeated:  # freed twice, a slot would later be handed to two sequences
             raise ValueError(f"LinearAttentionState.free: slots {repeated} are given more than once")
         taken = set(range(self.num_slots)) - set(self._free)
