@@ -12,6 +12,8 @@ cache, cache_seqlens = context). Compared on the same values:
                 under capture), so this is the kernels' own time
   paged16 / paged1   ours over a paged cache (block size 16 / 1, blocks in shuffled order,
                 block_table int32 [B, context / block_size])
+  paged16[nn]   paged16's blocks and table in attn_ops.nn.PagedKVCache's storage (CPU: each layer's k / v
+                the transposed view of a [num_blocks, Hkv, 16, D] tensor in transparent huge pages)
   ours[nn]      the same call over attn_ops.nn.KVCache's storage holding the same values (CPU: each layer's
                 k / v the transposed view of a [B, Hkv, context, D] tensor in transparent huge pages)
   ours[bhtd]    ours over the baselines' [B, Hkv, context, D] cache (HF's layout), passed as the
@@ -81,7 +83,8 @@ from reporting import bw_cell  # noqa: E402
 
 CUDA_IMPLS = ["ours", "ours[graph]", "ours[nn]", "ours[bhtd]", "ours[dense]", "paged16", "paged1", "sdpa", "flex",
               "eager"]
-CPU_IMPLS = ["ours", "ours[huge]", "ours[nn]", "ours[bhtd]", "ours[dense]", "paged16", "paged1", "sdpa", "eager"]
+CPU_IMPLS = ["ours", "ours[huge]", "ours[nn]", "ours[bhtd]", "ours[dense]", "paged16", "paged16[nn]", "paged1", "sdpa",
+             "eager"]
 
 
 def parse_args(argv=None):
@@ -125,7 +128,7 @@ def parse_args(argv=None):
 
 
 def block_size_of(impl):
-    return int(impl[len("paged"):]) if impl.startswith("paged") else None
+    return int(impl[len("paged"):].removesuffix("[nn]")) if impl.startswith("paged") else None
 
 
 def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
@@ -189,12 +192,17 @@ def decode_case(attn_ops, args, b, ctx, hkv, seed, label, notes, budget):
                    None)
             continue
 
+        if impl.endswith("[nn]"):  # the same blocks in the module cache's storage
+            cache = attn_ops.nn.PagedKVCache(1, kp.shape[0], bs, hkv, d, b, ctx // bs, dtype=dtype, device=device)
+            kp, vp = cache.k[0].copy_(kp), cache.v[0].copy_(vp)
+
         def make(kp=kp, vp=vp, bt=bt):
             return lambda: attn_ops.attention_with_kvcache(q, kp, vp, lens, block_table=bt)[0]
 
         record(impl, *runner.timed_entry(make, device=device, args=args, nbytes=cache_bytes))
-        row["appends"].update(append_decode(attn_ops, args, k, v, kp, vp, bt, bs, lens, label, notes))
-        del kp, vp, bt
+        if not impl.endswith("[nn]"):
+            row["appends"].update(append_decode(attn_ops, args, k, v, kp, vp, bt, bs, lens, label, notes))
+        kp = vp = bt = cache = None  # (cache: paged16[nn]'s storage)
         machine.free_memory(device)
     row["appends"].update(append_decode(attn_ops, args, k, v, None, None, None, None, lens, label,
                                         notes))
@@ -417,7 +425,8 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"caches allocated before session 10). ours[nn] = ours over attn_ops.nn.KVCache's storage holding the same values "
                  f"(CPU: [B, Hkv, T, D] in huge pages, as transposed views). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
                  f"as a transposed view, read in place. ours[dense] = attn_ops.attention (the dense op) on those "
-                 f"views, as transformers' generation calls it. paged16 / paged1 = ours over a paged cache with that block size. The "
+                 f"views, as transformers' generation calls it. paged16 / paged1 = ours over a paged cache with that block size "
+                 f"(paged16[nn]: in attn_ops.nn.PagedKVCache's storage). The "
                  f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
                  f"max abs(sdpa); paged diff: the largest of the same for paged, ours[huge], ours[nn], ours[bhtd] and ours[dense] "
                  f"against contiguous. "

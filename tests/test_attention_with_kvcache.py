@@ -13,6 +13,7 @@ import attn_ops
 from kvcache_reference import (attention_with_kvcache_ref, gather_cache_row, kvcache_inputs,
                                paged_from_dense)
 from reference import assert_close_to_ref
+from serving_reference import attention_with_kvcache_serving_ref
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 F32_BF16 = [torch.float32, torch.bfloat16]
@@ -103,6 +104,32 @@ def test_kvcache_head_major_cache(dtype, tq, hq, hkv, dk, dv, lens, k_major, v_m
     sl = torch.tensor(lens, dtype=torch.int32, device=device)
     check_kvcache(q, kc, vc, sl, causal=True)
     check_kvcache(q, kc, vc, sl, causal=False, window_left=33, softcap=8.0)
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 16, 64])
+@pytest.mark.parametrize("tq,hq,hkv,dk,dv,lens", [
+    (1, 32, 8, 128, 128, [300, 0, 1, 129]),   # GQA decode, one row per KV head item
+    (2, 6, 3, 80, 96, [70, 2, 65]),           # two positions (4 rows per KV head), dims past whole vectors
+    (1, 8, 2, 64, 64, [2500]),                # one long row: key splits of the one-head items
+], ids=["gqa32_8", "tq2_d80_96", "long_row"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_kvcache_paged_head_major_blocks(dtype, tq, hq, hkv, dk, dv, lens, block_size, device):
+    # Pools of [num_blocks, Hkv, block_size, D] blocks viewed as [num_blocks, block_size, Hkv, D] (PagedKVCache's
+    # CPU layout): within a block each head's rows are contiguous, so the decode kernel takes one KV head per
+    # work item and finds its rows through the block table; also with left padding (blocks start mid-row)
+    q, kc, vc, sl, bt = kvcache_inputs(len(lens), tq, hq, hkv, dk, dv, lens, dtype=dtype, device=device,
+                                       block_size=block_size, cache_layout="transposed")
+    if block_size > 1:  # (with one row per block both orders are the same memory: the kernel takes all heads)
+        assert kc.stride(1) == dk and vc.stride(1) == dv
+    check_kvcache(q, kc, vc, sl, bt, causal=True)
+    check_kvcache(q, kc, vc, sl, bt, causal=False, window_left=33, softcap=8.0)
+    pad = torch.tensor([min(3, n) for n in lens], dtype=torch.int32, device=device)
+    out, lse = attn_ops.attention_with_kvcache(q, kc, vc, sl, block_table=bt, cache_leftpad=pad)
+    r_out, r_lse = attention_with_kvcache_serving_ref(q, kc, vc, sl, block_table=bt, cache_leftpad=pad)
+    s_out, s_lse = attention_with_kvcache_serving_ref(q, kc, vc, sl, block_table=bt, cache_leftpad=pad,
+                                                      compute_dtype=dtype)
+    assert_close_to_ref(out, r_out, s_out, name="out")
+    assert_close_to_ref(lse, r_lse, s_lse.to(lse.dtype), name="lse")
 
 
 # --------------------------------------------------------------------------------------------------

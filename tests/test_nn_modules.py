@@ -380,6 +380,9 @@ def test_smaller_batch_than_cache(device):
 def test_paged_allocator(device):
     c = PagedKVCache(1, 6, 4, 2, 8, 2, 3, device=device)
     assert c.capacity == 12 and c.num_free_blocks == 6
+    for t in c.k + c.v:  # on the CPU each KV head's rows within a block are contiguous (as in KVCache)
+        assert t.shape == (6, 4, 2, 8)
+        assert t.transpose(1, 2).is_contiguous() == (device == "cpu") and t.is_contiguous() == (device != "cpu")
     assert c.nbytes == 2 * 6 * 4 * 2 * 8 * 4
     assert c.reserve(5) == 4                                   # 2 blocks per row, round-robin
     assert c.row_blocks(0) == [0, 2] and c.row_blocks(1) == [1, 3]

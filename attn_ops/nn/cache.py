@@ -442,6 +442,11 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
 
     ``batch_size`` (rows of the block table; a forward may use the first ``B <= batch_size``) was
     called ``max_batch``; that keyword and attribute are deprecated aliases.
+
+    On the CPU, ``k[layer]`` / ``v[layer]`` are the ``.transpose(1, 2)`` views of ``[num_blocks, Hkv,
+    block_size, D]`` tensors (same shape and values, other strides): within a block each KV head's rows are
+    contiguous, and the decode kernel streams one head at a time (1.1-1.4x faster at block sizes 4-256 on
+    the README's Zen 4, "CPU decode"). Elsewhere they are contiguous.
     """
 
     @deprecated_arguments(renamed={"max_batch": "batch_size"})
@@ -449,8 +454,9 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
                  head_dim: int, batch_size: int, max_blocks_per_seq: int, *,
                  head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None):
         self._init_paged(num_layers, num_blocks, block_size, batch_size, max_blocks_per_seq, device)
+        on_cpu = _huge_pages.resolve_device(device).type == "cpu"
         self.k, self.v = _allocate_layers(num_layers, (num_blocks, block_size), num_kv_heads, head_dim,
-                                          head_dim_v, dtype, device)
+                                          head_dim_v, dtype, device, head_major=on_cpu)
 
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` after the current

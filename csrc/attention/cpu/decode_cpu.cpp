@@ -73,16 +73,16 @@ void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0,
 }
 
 // The KV heads per work item: one where each head's keys and values are contiguous rows (a [B, Hkv, T, D] cache,
-// such as HF's passed as a transposed view), else all of them. decode_rows keeps each head's q rows, output
-// accumulators and tile scores hot while the cache streams past; a core overlaps those reads with the
-// arithmetic only while that hot set is well inside L1 (~16 KiB) and the reads run in address order
-// (benchmarks/micro/decode_hot_set.cpp). One head per item gives both where a head's rows are contiguous (B=32
-// bfloat16 measured 1.3x); where the heads of a key sit side by side (BSHD, paged blocks), address order needs
-// all heads in one item, and one head per item measured up to 1.4x slower (zen4_decode_overlap.md).
+// such as HF's passed as a transposed view, or a paged pool of [num_blocks, Hkv, block_size, D] blocks), else all
+// of them. decode_rows keeps each head's q rows, output accumulators and tile scores hot while the cache streams
+// past; a core overlaps those reads with the arithmetic only while that hot set is well inside L1 (~16 KiB) and
+// the reads run in address order (benchmarks/micro/decode_hot_set.cpp). One head per item gives both where a
+// head's rows are contiguous (B=32 bfloat16 measured 1.3x; paged pools 1.1-1.4x at block sizes 4-256); where
+// the heads of a key sit side by side (BSHD), address order needs all heads in one item, and one head per item
+// measured up to 1.4x slower (zen4_decode_overlap.md).
 int64_t decode_heads_per_item(const AttentionProblem& p, const KeyLayout& k_layout, const KeyLayout& v_layout,
                               int64_t max_rows) {
-  const bool head_contiguous = k_layout.block_table == nullptr && v_layout.block_table == nullptr &&
-                               k_layout.rows.seq_stride == p.dim_qk && v_layout.rows.seq_stride == p.dim_v;
+  const bool head_contiguous = k_layout.rows.seq_stride == p.dim_qk && v_layout.rows.seq_stride == p.dim_v;
   return head_contiguous && max_rows < kGemmDecodeRows ? 1 : p.heads_kv;
 }
 
