@@ -295,6 +295,29 @@ def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
                               device, CACHED_TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("name", ["q_lora", "bias_scale"])
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+def test_cached_low_precision_matches_reference(kind, name, dtype, device):
+    """The absorbed cached path in bfloat16 / float16: one layer (a stack's residual would hide its error at
+    these precisions) prefilled in two chunks, then decoded token by token, against the float64 reference
+    by the tolerance rule."""
+    mod = build(name, dtype, device)
+    B, chunks = 3, [8, 5, 1, 1, 1, 1, 1]
+    T = sum(chunks)
+    x = rand_x(B, T, mod.hidden_size, dtype, device)
+    pos = default_positions(B, T, device)
+    cache = make_cache(kind, 1, B, T + 3, mod, dtype, device)
+    outs, s = [], 0
+    with torch.no_grad():
+        for n in chunks:
+            outs.append(cached_step(mod, x[:, s:s + n], cache))
+            s += n
+        ref64 = ref_forward(mod, x, pos, torch.float64)
+        same = ref_forward(mod, x, pos, dtype)
+    assert_close_to_ref(torch.cat(outs, dim=1), ref64, same, name="cached")
+
+
 def test_v3_head_dims_cached(device):
     """The absorbed path at DeepSeek-V3's head dims (nope 128, rope 64, v 128)."""
     dtype = torch.float32
