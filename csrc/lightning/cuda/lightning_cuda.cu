@@ -82,12 +82,12 @@ void launch(const PassArgs<in_t, out_t, A>& a, const char* op, const char* state
 
 // The value checks that the shared validation makes on the host for CPU inputs: slope, and cu_seqlens with
 // max_seqlen (out-of-range rows would be read and written out of bounds).
+// cu: packed_offsets (one contiguous copy of a strided cu_seqlens serves the check and the kernels).
 void check_values_on_device(const LightningProblem& p, const at::Tensor& q, const at::Tensor& slope,
-                            const std::optional<at::Tensor>& cu_seqlens) {
+                            const at::Tensor& cu) {
   check_slope_on_device(p.op, slope);
-  if (cu_seqlens.has_value()) {
-    check_cu_seqlens_on_device(p.op, "cu_seqlens", *cu_seqlens, q.size(0), "q", p.max_seqlen.value_or(-1),
-                               "max_seqlen");
+  if (cu.defined()) {
+    check_cu_seqlens_on_device(p.op, "cu_seqlens", cu, q.size(0), "q", p.max_seqlen.value_or(-1), "max_seqlen");
   }
 }
 
@@ -96,8 +96,8 @@ void lightning_forward_cuda(const LightningProblem& p, const at::Tensor& q, cons
                             const at::Tensor& initial_state, const std::optional<at::Tensor>& cu_seqlens,
                             const at::Tensor& out, const at::Tensor& final_state) {
   const c10::cuda::CUDAGuard guard(q.device());
-  check_values_on_device(p, q, slope, cu_seqlens);
   const at::Tensor cu = packed_offsets(cu_seqlens);
+  check_values_on_device(p, q, slope, cu);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_cuda", [&] {
     using A = acc_type<scalar_t>;
     PassArgs<scalar_t, scalar_t, A> a;
@@ -122,8 +122,8 @@ void lightning_backward_cuda(const LightningProblem& p, const at::Tensor& dout, 
                              const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& dq,
                              const at::Tensor& dk_heads, const at::Tensor& dv_heads, const at::Tensor& g1) {
   const c10::cuda::CUDAGuard guard(q.device());
-  check_values_on_device(p, q, slope, cu_seqlens);
   const at::Tensor cu = packed_offsets(cu_seqlens);
+  check_values_on_device(p, q, slope, cu);
   const int64_t dk_dim = p.head_dim.expect_int(), dv_dim = p.head_dim_v.expect_int();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "lightning_attention_backward_cuda", [&] {
     using A = acc_type<scalar_t>;
@@ -164,7 +164,7 @@ void lightning_decode_cuda(const LightningProblem& p, const at::Tensor& q, const
                            const at::Tensor& state, const at::Tensor& slope, double scale, const at::Tensor& slots,
                            const at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(q.device());
-  check_values_on_device(p, q, slope, std::nullopt);
+  check_values_on_device(p, q, slope, at::Tensor());
   if (slots.defined()) {
     check_state_indices_on_device(p.op, slots, state.size(0));
   }
