@@ -179,6 +179,21 @@ def test_bfloat16_score_scales(scale, bf16_score_products):
     check(q, kc, vc, seqlens, bt, scale=scale)
 
 
+def test_bfloat16_gemm_logits_keep_float32_accuracy_on_this_cpu():
+    """The GEMM path (64 query rows per KV head) on the kernel this CPU picks by default: the AMX tiles where
+    it has AMX-BF16 (decode_amx_kernel.h, which bf16_score_products turns off), else the pairs or the FMAs. q is
+    packed as given and the scores scaled in float32, so lse keeps float32 accuracy at logits ~15 (rounding the
+    scaled q to bfloat16 put 0.05 into it)."""
+    torch.manual_seed(12)
+    q = (torch.randn(1, 1, 64, 64, dtype=torch.float64) * 10).bfloat16()
+    k = (torch.randn(1, 70, 1, 64, dtype=torch.float64) * 10).bfloat16()
+    v = torch.randn(1, 70, 1, 64).bfloat16()
+    lens = torch.tensor([70], dtype=torch.int32)
+    out, lse = attn_ops.attention_with_kvcache(q, k, v, lens, scale=0.01)
+    ref_out, ref_lse = attention_with_kvcache_ref(q, k, v, lens, scale=0.01)
+    assert (lse.double() - ref_lse).abs().max() < 1e-4 * ref_lse.abs().max()
+
+
 @pytest.mark.parametrize("rows", [4, 64], ids=["stream", "gemm"])
 def test_bfloat16_logits_keep_float32_accuracy(rows, bf16_score_products):
     """The bfloat16 kernels multiply q as given (bfloat16: exact) and scale the float32 sums: rounding the

@@ -7,8 +7,9 @@
 //   out[rows, Dv] += P[rows, keys] V[keys, Dv]: P in bfloat16 as A, V interleaved by pairs of keys (VNNI)
 //       into a packed tile (an L2 pass over rows the scores just read); out stays in float32 memory
 //       (16 x 16 tiles loaded and stored once per key tile).
-// Query rows are padded to multiples of 16 with zeros. Q (scaled) and P are rounded to bfloat16 for the
-// products, as SDPA's CPU kernel does. One tile configuration for the whole call, no library calls inside
+// Query rows are padded to multiples of 16 with zeros. Q is packed as the caller gave it (bfloat16: exact) and
+// the scale applied to the float32 scores (multiply_unscaled_q: rounding the scaled q to bfloat16 cost up to
+// 2^-9 of every logit); P is rounded to bfloat16 for the products, as SDPA's CPU kernel does. One tile configuration for the whole call, no library calls inside
 // the loop.
 //
 // Included by decode_gemm_kernel.h; the AVX-512 copy alone has it (ATTN_OPS_DECODE_AMX; AMX exists only on
@@ -253,13 +254,15 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
   bf16* p = v_packed + tile * Dv;
   float* scores_t = a.q_t;
   float* out = scores_t + tile * np;
+  const bool unscaled = multiply_unscaled_q(a.scale);
+  const float q_factor = unscaled ? 1.f / a.scale : 1.f;  // a.q holds q * scale
   for (int64_t head = 0; head < a.heads; ++head) {
     for (int64_t rb = 0; rb < row_blocks; ++rb) {
       for (int64_t s = 0; s < steps_qk; ++s) {
         bf16* dst = q_packed + ((head * row_blocks + rb) * steps_qk + s) * 512;
         for (int64_t i = 0; i < 512; ++i) {  // i = pair * 32 + row * 2 + e
           const int64_t r = rb * kAmxRows + i % 32 / 2, d = s * kAmxK + i / 32 * 2 + i % 2;
-          dst[i] = r < rows ? static_cast<bf16>(a.q[(head * rows + r) * Dqk + d]) : bf16(0);
+          dst[i] = r < rows ? static_cast<bf16>(a.q[(head * rows + r) * Dqk + d] * q_factor) : bf16(0);
         }
       }
     }
@@ -302,6 +305,9 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
       }
       for (int64_t r = 0; r < rows; ++r) {
         float* srow = a.scores + r * tile;
+        if (unscaled) {
+          scale_row(srow, n, a.scale);
+        }
         const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
         const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
         online_softmax_step(srow, n, lo, hi, a.softcap, a.row_max[head * rows + r], a.row_sum[head * rows + r],
