@@ -159,17 +159,24 @@ def assert_close_to_ref(ours, ref64, same_dtype, eps=None, name="tensor"):
     return err
 
 
+def same_dtype_ref(ref_fn, *args, compute_dtype, **kw):
+    """(out, lse) of the reference `ref_fn` as the op computes them for inputs of `compute_dtype`: out in that
+    dtype; lse, which the op returns in float32 (accumulated in float32 for every input dtype), from the
+    float32 computation for 16-bit dtypes: the 16-bit computation's lse error is large enough to let an lse
+    rounded to bfloat16 pass."""
+    out, lse = ref_fn(*args, compute_dtype=compute_dtype, **kw)
+    if compute_dtype in (torch.float16, torch.bfloat16):
+        lse = ref_fn(*args, compute_dtype=torch.float32, **kw)[1]
+    return out, lse
+
+
 def assert_attention_close_to_ref(ours, inputs, **kw):
     """ours = (out, lse) of attention on inputs = (q, k, v) against attention_ref in float64, with the
     same-dtype reference's error as the bound (assert_close_to_ref); kw: attention_ref's options."""
     r64 = attention_ref(*inputs, **kw)
-    same = attention_ref(*inputs, **kw, compute_dtype=inputs[0].dtype)
-    # lse is returned in float32 (accumulated in float32 for every input dtype): its baseline is the float32
-    # computation, not the input dtype's, whose error would let an lse rounded to bfloat16 pass
-    lse_dtype = ours[1].dtype
-    same_lse = same[1] if lse_dtype == same[1].dtype else attention_ref(*inputs, **kw, compute_dtype=lse_dtype)[1]
+    same = same_dtype_ref(attention_ref, *inputs, **kw, compute_dtype=inputs[0].dtype)
     assert_close_to_ref(ours[0], r64[0], same[0], name="out")
-    assert_close_to_ref(ours[1], r64[1], same_lse, name="lse")
+    assert_close_to_ref(ours[1], r64[1], same[1], name="lse")
 
 
 # --------------------------------------------------------------------------------------------------

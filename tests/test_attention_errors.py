@@ -11,7 +11,7 @@ import torch
 import attn_ops
 import crash_isolation
 from error_helpers import expect_error, rand, strided
-from reference import assert_close_to_ref, attention_ref, cu_seqlens, ref_kwargs
+from reference import assert_close_to_ref, attention_ref, cu_seqlens, ref_kwargs, same_dtype_ref
 
 FNS = ["attention", "attention_backward"]
 
@@ -417,7 +417,7 @@ def error_or_correct(q, k, v, backward=False, **kw):
         return None
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     r_out, r_lse = attention_ref(q, k, v, **ref_kwargs(kw))
-    s_out, s_lse = attention_ref(q, k, v, **ref_kwargs(kw), compute_dtype=q.dtype)
+    s_out, s_lse = same_dtype_ref(attention_ref, q, k, v, **ref_kwargs(kw), compute_dtype=q.dtype)
     assert out.shape == r_out.shape and lse.shape == r_lse.shape
     if out.numel():
         assert_close_to_ref(out, r_out, s_out, name="out")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attn_ops
-from reference import (assert_close_to_ref, attention_ref, cu_seqlens, dense_inputs, ref_kwargs,
+from reference import (assert_close_to_ref, attention_ref, cu_seqlens, dense_inputs, ref_kwargs, same_dtype_ref,
                        varlen_inputs, visible_mask)
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -44,7 +44,7 @@ def check_forward(q, k, v, **kw):
     assert out.is_contiguous()
     rk = ref_kwargs(kw)
     r_out, r_lse = attention_ref(q, k, v, **rk)
-    s_out, s_lse = attention_ref(q, k, v, **rk, compute_dtype=q.dtype)
+    s_out, s_lse = same_dtype_ref(attention_ref, q, k, v, **rk, compute_dtype=q.dtype)
     assert_close_to_ref(out, r_out, s_out, name="out")
     assert_close_to_ref(lse, r_lse, s_lse, name="lse")
     return out, lse, r_out, r_lse

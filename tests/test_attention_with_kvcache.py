@@ -12,7 +12,7 @@ import torch
 import attn_ops
 from kvcache_reference import (attention_with_kvcache_ref, gather_cache_row, kvcache_inputs,
                                paged_from_dense)
-from reference import assert_close_to_ref
+from reference import assert_close_to_ref, same_dtype_ref
 from serving_reference import attention_with_kvcache_serving_ref
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -40,9 +40,8 @@ def check_kvcache(q, k_cache, v_cache, seqlens, block_table=None, **kw):
     assert out.is_contiguous()
     r_out, r_lse = attention_with_kvcache_ref(q, k_cache, v_cache, seqlens,
                                               block_table=block_table, **kw)
-    s_out, s_lse = attention_with_kvcache_ref(q, k_cache, v_cache, seqlens,
-                                              block_table=block_table, **kw,
-                                              compute_dtype=q.dtype)
+    s_out, s_lse = same_dtype_ref(attention_with_kvcache_ref, q, k_cache, v_cache, seqlens,
+                                  block_table=block_table, **kw, compute_dtype=q.dtype)
     assert_close_to_ref(out, r_out, s_out, name="out")
     assert_close_to_ref(lse, r_lse, s_lse, name="lse")
     return out, lse, r_out, r_lse
@@ -126,8 +125,8 @@ def test_kvcache_paged_head_major_blocks(dtype, tq, hq, hkv, dk, dv, lens, block
     pad = torch.tensor([min(3, n) for n in lens], dtype=torch.int32, device=device)
     out, lse = attn_ops.attention_with_kvcache(q, kc, vc, sl, block_table=bt, cache_leftpad=pad)
     r_out, r_lse = attention_with_kvcache_serving_ref(q, kc, vc, sl, block_table=bt, cache_leftpad=pad)
-    s_out, s_lse = attention_with_kvcache_serving_ref(q, kc, vc, sl, block_table=bt, cache_leftpad=pad,
-                                                      compute_dtype=dtype)
+    s_out, s_lse = same_dtype_ref(attention_with_kvcache_serving_ref, q, kc, vc, sl, block_table=bt,
+                                  cache_leftpad=pad, compute_dtype=dtype)
     assert_close_to_ref(out, r_out, s_out, name="out")
     assert_close_to_ref(lse, r_lse, s_lse.to(lse.dtype), name="lse")
 

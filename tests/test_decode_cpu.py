@@ -31,7 +31,7 @@ import attn_ops
 from cpu_isa_helpers import ISA_LEVELS, isa_levels_of_this_cpu
 from kvcache_reference import attention_with_kvcache_ref, kvcache_inputs
 from mla_reference import mla_decode_ref, mla_inputs
-from reference import assert_close_to_ref
+from reference import assert_close_to_ref, same_dtype_ref
 from serving_reference import attention_with_kvcache_serving_ref
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -45,8 +45,8 @@ def dtype_id(dt):
 def check(q, kc, vc, lens, bt=None, **kw):
     out, lse = attn_ops.attention_with_kvcache(q, kc, vc, lens, block_table=bt, **kw)
     r_out, r_lse = attention_with_kvcache_ref(q, kc, vc, lens, block_table=bt, **kw)
-    s_out, s_lse = attention_with_kvcache_ref(q, kc, vc, lens, block_table=bt, **kw,
-                                              compute_dtype=q.dtype)
+    s_out, s_lse = same_dtype_ref(attention_with_kvcache_ref, q, kc, vc, lens, block_table=bt, **kw,
+                                  compute_dtype=q.dtype)
     assert_close_to_ref(out, r_out, s_out, name="out")
     assert_close_to_ref(lse, r_lse, s_lse, name="lse")
     return out, lse
@@ -95,7 +95,7 @@ def test_mla_decode_latent_rows(dtype, block_size):
     scale = 0.07
     out, lse = attn_ops.mla_decode(ql, qr, cache, lens, scale=scale, block_table=bt)
     r_out, r_lse = mla_decode_ref(ql, qr, cache, lens, scale=scale, block_table=bt)
-    s_out, s_lse = mla_decode_ref(ql, qr, cache, lens, scale=scale, block_table=bt,
+    s_out, s_lse = same_dtype_ref(mla_decode_ref, ql, qr, cache, lens, scale=scale, block_table=bt,
                                   compute_dtype=dtype)
     assert_close_to_ref(out, r_out, s_out, name="out")
     assert_close_to_ref(lse, r_lse, s_lse, name="lse")
@@ -248,7 +248,8 @@ def test_mixed_decode_and_prefill_rows_in_one_call(dtype, block_size):
     out, lse = attn_ops.attention_with_kvcache(q, kc, vc, seqlens, **kw)
     ref_kw = {k: v for k, v in kw.items() if k != "max_seqlen_q"}
     r_out, r_lse = attention_with_kvcache_serving_ref(q, kc, vc, seqlens, **ref_kw)
-    s_out, s_lse = attention_with_kvcache_serving_ref(q, kc, vc, seqlens, **ref_kw, compute_dtype=dtype)
+    s_out, s_lse = same_dtype_ref(attention_with_kvcache_serving_ref, q, kc, vc, seqlens, **ref_kw,
+                                  compute_dtype=dtype)
     assert_close_to_ref(out, r_out, s_out, name="out")
     assert_close_to_ref(lse, r_lse, s_lse.to(lse.dtype), name="lse")
 

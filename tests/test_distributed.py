@@ -31,7 +31,7 @@ from attn_ops.distributed import (merge_attention_partials, merge_attention_part
 from attn_ops.nn import (GroupedQueryAttention, KVCache, LatentKVCache, MultiHeadLatentAttention,
                          PagedKVCache)
 from attn_ops.nn.parallel import ColumnParallelLinear, RowParallelLinear
-from reference import assert_close_to_ref, attention_ref, cu_seqlens
+from reference import assert_close_to_ref, attention_ref, cu_seqlens, same_dtype_ref
 
 F64 = torch.float64
 WORLD = 2
@@ -86,7 +86,7 @@ def test_merge_equals_full_attention(case, dtype):
     leaves64 = [t.detach().to(F64).requires_grad_() for t in (q, k, v)]
     leaves_same = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     ref64 = attention_ref(*leaves64, causal=True)
-    same = attention_ref(*leaves_same, causal=True, compute_dtype=dtype)
+    same = same_dtype_ref(attention_ref, *leaves_same, causal=True, compute_dtype=dtype)
     assert_close_to_ref(out, ref64[0], same[0], name="out")
     assert_close_to_ref(lse, ref64[1], same[1], name="lse")
     # some rows see no key in one shard; with Tq > Tk some see none at all: exactly 0 there

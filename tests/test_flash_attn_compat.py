@@ -14,7 +14,7 @@ import torch
 from attn_ops.flash_attn_interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                                            flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                                            flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
-from reference import assert_close_to_ref, attention_ref
+from reference import assert_close_to_ref, attention_ref, same_dtype_ref
 from rope_reference import rope_ref
 from serving_reference import attention_with_kvcache_serving_ref
 
@@ -35,7 +35,7 @@ def fa_to_ref(kw):
 
 def check_fa_rule(ours, q, k, v, kw, *, lse=None, **varlen):
     ref = attention_ref(q, k, v, **fa_to_ref(kw), **varlen)
-    same = attention_ref(q, k, v, **fa_to_ref(kw), **varlen, compute_dtype=q.dtype)
+    same = same_dtype_ref(attention_ref, q, k, v, **fa_to_ref(kw), **varlen, compute_dtype=q.dtype)
     assert_close_to_ref(ours, ref[0], same[0], name="out")
     if lse is not None:
         assert_close_to_ref(lse, ref[1], same[1].float(), name="lse")
@@ -131,9 +131,10 @@ def kvcache_case(dtype, *, tq, tnew, paged, batch_idx, leftpad, rotary, B=3, hq=
     return a
 
 
-def fa_kvcache_ref(a, kw, dt):
-    """FlashAttention 2's flash_attn_with_kvcache in plain PyTorch, computed in dtype dt:
-    (out, lse, k_cache, v_cache)."""
+def fa_kvcache_ref(a, kw, dt, attn_dt=None):
+    """FlashAttention 2's flash_attn_with_kvcache in plain PyTorch, computed in dtype dt: (out, lse, k_cache,
+    v_cache). With attn_dt, the attention runs in attn_dt and the rotations in float32, each rounded to dt once
+    (as the op rounds them)."""
     q, kc, vc = a["q"].to(dt), a["k_cache"].to(dt).clone(), a["v_cache"].to(dt).clone()
     lens = a["cache_seqlens"].long()
     B, tq = q.shape[:2]
@@ -146,9 +147,11 @@ def fa_kvcache_ref(a, kw, dt):
         # FlashAttention drops a window side that spans the cache before it picks the query positions
         windowed = any(0 <= side < capacity for side in kw.get("window_size", (-1, -1)))
         step = 1 if kw.get("causal") or windowed else 0
-        q = rope_ref(q, cos, sin, lens[:, None] + step * torch.arange(tq), interleaved=il, compute_dtype=dt)
+        rope_dt = dt if attn_dt is None else torch.float32
+        q = rope_ref(q, cos, sin, lens[:, None] + step * torch.arange(tq), interleaved=il, compute_dtype=rope_dt).to(dt)
         if k is not None:
-            k = rope_ref(k, cos, sin, lens[:, None] + torch.arange(tnew), interleaved=il, compute_dtype=dt)
+            k = rope_ref(k, cos, sin, lens[:, None] + torch.arange(tnew), interleaved=il,
+                         compute_dtype=rope_dt).to(dt)
     for b in range(B):
         for t in range(tnew):
             p = int(lens[b]) + t
@@ -162,7 +165,7 @@ def fa_kvcache_ref(a, kw, dt):
     out, lse = attention_with_kvcache_serving_ref(
         q, kc, vc, (lens + tnew).to(torch.int32), block_table=a.get("block_table"),
         cache_batch_idx=a.get("cache_batch_idx"), cache_leftpad=a.get("cache_leftpad"), causal=kw.get("causal", False),
-        window_left=w[0], window_right=w[1], softcap=kw.get("softcap", 0.0), compute_dtype=dt)
+        window_left=w[0], window_right=w[1], softcap=kw.get("softcap", 0.0), compute_dtype=attn_dt or dt)
     return out, lse, kc, vc
 
 
@@ -190,7 +193,10 @@ def test_flash_attn_with_kvcache(dtype, tq, tnew, paged, extras, rotary, mask):
     same = fa_kvcache_ref(a, kw, dtype)
     out, lse = flash_attn_with_kvcache(**a, **kw, return_softmax_lse=True)
     assert_close_to_ref(out, ref[0], same[0], name="out")
-    assert_close_to_ref(lse, ref[1], same[1].float(), name="lse")
+    # lse's baseline (reference.same_dtype_ref): q and the new keys rotated and rounded to dtype, the attention in
+    # float32
+    same_lse = fa_kvcache_ref(a, kw, dtype, attn_dt=torch.float32)[1] if dtype != torch.float64 else same[1]
+    assert_close_to_ref(lse, ref[1], same_lse, name="lse")
     # the new keys / values were written in place (rotated keys: rounded once, as the same-dtype reference)
     for ours, r, s, n in ((a["k_cache"], ref[2], same[2], "k_cache"), (a["v_cache"], ref[3], same[3], "v_cache")):
         assert_close_to_ref(ours, r, s, name=n)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attn_ops
-from reference import assert_close_to_ref, attention_ref, cu_seqlens, dense_inputs
+from reference import assert_close_to_ref, attention_ref, cu_seqlens, dense_inputs, same_dtype_ref
 
 B, T, H = 70000, 8, 1
 
@@ -52,7 +52,7 @@ def test_varlen_sequences_past_grid_y(device, dtype, D):
     out, lse = attn_ops.attention(*flat, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
                                   max_seqlen_q=n, max_seqlen_k=n)
     r_out, r_lse = attention_ref(q, k, v, causal=True)
-    s_out, s_lse = attention_ref(q, k, v, causal=True, compute_dtype=dtype)
+    s_out, s_lse = same_dtype_ref(attention_ref, q, k, v, causal=True, compute_dtype=dtype)
     as_varlen = lambda o, l: (o.reshape(B * n, H, D), l.permute(1, 0, 2).reshape(H, B * n))
     (r_out, r_lse), (s_out, s_lse) = as_varlen(r_out, r_lse), as_varlen(s_out, s_lse)
     assert_close_to_ref(out, r_out, s_out, name="out")

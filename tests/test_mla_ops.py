@@ -16,7 +16,7 @@ import attn_ops
 from kvcache_reference import shuffled_block_table, slots_for
 from mla_reference import (absorb_query, apply_w_uv, mla_cache_append_ref_, mla_decode_expanded_ref,
                            mla_decode_ref, mla_inputs, paged_mla_cache_append_ref_)
-from reference import assert_close_to_ref
+from reference import assert_close_to_ref, same_dtype_ref
 from test_kvcache_append import assert_buffers_equal
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -296,7 +296,7 @@ def check_mla(ql, qr, cache, sl, bt=None, *, scale, causal=True):
     assert out.is_contiguous()
     kw = dict(scale=scale, block_table=bt, causal=causal)
     r_out, r_lse = mla_decode_ref(ql, qr, cache, sl, **kw)
-    s_out, s_lse = mla_decode_ref(ql, qr, cache, sl, **kw, compute_dtype=ql.dtype)
+    s_out, s_lse = same_dtype_ref(mla_decode_ref, ql, qr, cache, sl, **kw, compute_dtype=ql.dtype)
     assert_close_to_ref(out, r_out, s_out, name="out_latent")
     assert_close_to_ref(lse, r_lse, s_lse, name="lse")
     return out, lse
@@ -459,7 +459,7 @@ def test_op_equals_expanded_form(dtype, layout, device):
     e_out, e_lse = mla_decode_expanded_ref(q_nope, qr, w_uk, w_uv, cache, sl, scale=scale,
                                            block_table=bt)
     r_lat, r_lse = mla_decode_ref(ql, qr, cache, sl, scale=scale, block_table=bt)
-    s_lat, s_lse = mla_decode_ref(ql, qr, cache, sl, scale=scale, block_table=bt,
+    s_lat, s_lse = same_dtype_ref(mla_decode_ref, ql, qr, cache, sl, scale=scale, block_table=bt,
                                   compute_dtype=dtype)
     ours = apply_w_uv(out.to(torch.float64), w_uv)
     same = apply_w_uv(s_lat.to(torch.float64), w_uv)

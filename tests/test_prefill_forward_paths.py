@@ -21,7 +21,8 @@ import torch
 import attn_ops
 from cpu_isa_helpers import force_isa
 from kvcache_reference import attention_with_kvcache_ref, kvcache_inputs
-from reference import assert_attention_close_to_ref, assert_close_to_ref, dense_inputs, varlen_inputs
+from reference import (assert_attention_close_to_ref, assert_close_to_ref, dense_inputs, same_dtype_ref,
+                       varlen_inputs)
 
 PATHS = ["default", "avx2", "avx512", "avx512_bf16", "avx512_bf16_noamx"]
 
@@ -107,6 +108,7 @@ def test_paged_cache_prefill(path, dtype, block_size):
     q, kc, vc, sl, bt = kvcache_inputs(3, 40, 8, 2, 128, 128, [40, 100, 300], dtype=dtype, block_size=block_size)
     out, lse = attn_ops.attention_with_kvcache(q, kc, vc, sl, block_table=bt)
     r_out, r_lse = attention_with_kvcache_ref(q, kc, vc, sl, block_table=bt)
-    s_out, s_lse = attention_with_kvcache_ref(q, kc, vc, sl, block_table=bt, compute_dtype=dtype)
+    s_out, s_lse = same_dtype_ref(attention_with_kvcache_ref, q, kc, vc, sl, block_table=bt,
+                                  compute_dtype=dtype)
     assert_close_to_ref(out, r_out, s_out, name="out")
     assert_close_to_ref(lse, r_lse, s_lse, name="lse")

@@ -11,7 +11,7 @@ import torch
 from torch.library import opcheck
 
 import attn_ops
-from reference import assert_close_to_ref
+from reference import assert_close_to_ref, same_dtype_ref
 from serving_reference import (attention_with_kvcache_serving_ref, kv_cache_append_rows_ref_,
                                mla_cache_append_rows_ref_, mla_decode_serving_ref)
 
@@ -67,8 +67,8 @@ def check(q, k_cache, v_cache, seqlens, kw, **opts):
     out, lse = attn_ops.attention_with_kvcache(q, k_cache, v_cache, seqlens, **kw, **opts)
     ref_kw = {k: v for k, v in kw.items() if k != "max_seqlen_q"}
     ref = attention_with_kvcache_serving_ref(q, k_cache, v_cache, seqlens, **ref_kw, **opts)
-    same = attention_with_kvcache_serving_ref(q, k_cache, v_cache, seqlens, **ref_kw, **opts,
-                                              compute_dtype=q.dtype)
+    same = same_dtype_ref(attention_with_kvcache_serving_ref, q, k_cache, v_cache, seqlens, **ref_kw, **opts,
+                          compute_dtype=q.dtype)
     assert_close_to_ref(out, ref[0], same[0], name="out")
     assert_close_to_ref(lse, ref[1], same[1].float() if q.dtype != torch.float64 else same[1], name="lse")
     return out, lse
@@ -122,7 +122,8 @@ def test_serving_cuda(block_size, dtype, extras):
     out, lse = attn_ops.attention_with_kvcache(q.cuda(), kc.cuda(), vc.cuda(), lens.cuda(), **cuda_kw(kw), **opts)
     ref_kw = {k: v for k, v in kw.items() if k != "max_seqlen_q"}
     ref = attention_with_kvcache_serving_ref(q, kc, vc, lens, **ref_kw, **opts)
-    same = attention_with_kvcache_serving_ref(q, kc, vc, lens, **ref_kw, **opts, compute_dtype=dtype)
+    same = same_dtype_ref(attention_with_kvcache_serving_ref, q, kc, vc, lens, **ref_kw, **opts,
+                          compute_dtype=dtype)
     assert_close_to_ref(out.cpu(), ref[0], same[0], name="out")
     assert_close_to_ref(lse.cpu(), ref[1], same[1].float(), name="lse")
 
@@ -194,7 +195,7 @@ def test_mla_decode_serving(dtype, block_size, extras):
     scale = 0.11
     out, lse = attn_ops.mla_decode(ql, qr, cache, lens, scale=scale, **kw)
     ref = mla_decode_serving_ref(ql, qr, cache, lens, scale=scale, **kw)
-    same = mla_decode_serving_ref(ql, qr, cache, lens, scale=scale, **kw, compute_dtype=dtype)
+    same = same_dtype_ref(mla_decode_serving_ref, ql, qr, cache, lens, scale=scale, **kw, compute_dtype=dtype)
     assert_close_to_ref(out, ref[0], same[0], name="out_latent")
     assert_close_to_ref(lse, ref[1], same[1].float(), name="lse")
 
