@@ -18,7 +18,8 @@ from reference import assert_close_to_ref, attention_ref, same_dtype_ref
 from rope_reference import rope_ref
 from serving_reference import attention_with_kvcache_serving_ref
 
-BF16, F32 = torch.bfloat16, torch.float32
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+FA_DTYPES = {"bf16": BF16, "f16": F16, "f32": F32}  # (bfloat16 alone let a 3% error pass at long Tk)
 # (seqlen_q, seqlen_k): decode, Tq > Tk, Tq < Tk, odd lengths off every tile size
 SEQLENS = [(1, 1), (1, 147), (113, 203), (240, 97), (3, 799)]
 HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
@@ -45,9 +46,10 @@ def check_fa_rule(ours, q, k, v, kw, *, lse=None, **varlen):
 @pytest.mark.parametrize("d", [32, 128])
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("mask", MASKS)
-def test_flash_attn_func(seqlens, d, heads, mask):
+@pytest.mark.parametrize("dtype", FA_DTYPES)
+def test_flash_attn_func(dtype, seqlens, d, heads, mask):
     (tq, tk), (hq, hk) = seqlens, HEADS[heads]
-    q, k, v = (torch.randn(2, t, h, d, dtype=BF16) for t, h in ((tq, hq), (tk, hk), (tk, hk)))
+    q, k, v = (torch.randn(2, t, h, d, dtype=FA_DTYPES[dtype]) for t, h in ((tq, hq), (tk, hk), (tk, hk)))
     out, lse, probs = flash_attn_func(q, k, v, return_attn_probs=True, **MASKS[mask])
     assert probs is None
     check_fa_rule(out, q, k, v, MASKS[mask], lse=lse)
@@ -55,14 +57,15 @@ def test_flash_attn_func(seqlens, d, heads, mask):
 
 @pytest.mark.parametrize("seqlens", [(1, 147), (113, 203), (240, 97)], ids=str)
 @pytest.mark.parametrize("mask", ["causal", "local", "softcap"])
-def test_flash_attn_func_backward(seqlens, mask):
+@pytest.mark.parametrize("dtype", FA_DTYPES)
+def test_flash_attn_func_backward(dtype, seqlens, mask):
     tq, tk = seqlens
-    kw = dict(MASKS[mask], softmax_scale=0.2)
-    q, k, v = (torch.randn(1, t, h, 64, dtype=BF16, requires_grad=True) for t, h in ((tq, 4), (tk, 2), (tk, 2)))
-    dout = torch.randn(1, tq, 4, 64, dtype=BF16)
+    kw, dt = dict(MASKS[mask], softmax_scale=0.2), FA_DTYPES[dtype]
+    q, k, v = (torch.randn(1, t, h, 64, dtype=dt, requires_grad=True) for t, h in ((tq, 4), (tk, 2), (tk, 2)))
+    dout = torch.randn(1, tq, 4, 64, dtype=dt)
     grads = torch.autograd.grad(flash_attn_func(q, k, v, **kw), (q, k, v), dout)
     outs = {}
-    for name, dt in (("ref", torch.float64), ("same", BF16)):
+    for name, dt in (("ref", torch.float64), ("same", dt)):
         leaves = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
         o = attention_ref(*leaves, **fa_to_ref(kw), compute_dtype=dt)[0]
         outs[name] = torch.autograd.grad(o, leaves, dout.to(dt))
@@ -73,12 +76,13 @@ def test_flash_attn_func_backward(seqlens, mask):
 @pytest.mark.parametrize("lens", [[(1, 1), (0, 5), (113, 203), (30, 7)], [(128, 128), (17, 0), (1, 300)]], ids=str)
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
-def test_flash_attn_varlen_func(lens, heads, mask):
-    (hq, hk), d = HEADS[heads], 64
+@pytest.mark.parametrize("dtype", FA_DTYPES)
+def test_flash_attn_varlen_func(dtype, lens, heads, mask):
+    (hq, hk), d, dt = HEADS[heads], 64, FA_DTYPES[dtype]
     cu_q = torch.tensor([0] + [sum(a for a, _ in lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
     cu_k = torch.tensor([0] + [sum(b for _, b in lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
-    q = torch.randn(int(cu_q[-1]), hq, d, dtype=BF16)
-    k, v = (torch.randn(int(cu_k[-1]), hk, d, dtype=BF16) for _ in range(2))
+    q = torch.randn(int(cu_q[-1]), hq, d, dtype=dt)
+    k, v = (torch.randn(int(cu_k[-1]), hk, d, dtype=dt) for _ in range(2))
     max_q, max_k = max(a for a, _ in lens), max(b for _, b in lens)
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, return_attn_probs=True, **MASKS[mask])
     check_fa_rule(out, q, k, v, MASKS[mask], lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
