@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attn_ops.nn import LinformerSelfAttention
+from reference import assert_close_to_ref
 
 
 def reference(m: LinformerSelfAttention, x: torch.Tensor) -> torch.Tensor:
@@ -84,19 +85,19 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(m, (x,))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_low_precision_within_rule(dtype):
-    """|ours - ref64| <= 2 |same-dtype plain math - ref64| + eps."""
+    """The tolerance rule (reference.assert_close_to_ref) against the same-dtype plain math; float16 beside
+    bfloat16, whose error at these output sizes hid a 3% error in the attention."""
     m64 = LinformerSelfAttention(32, 4, 64, 16, num_kv_heads=2, dtype=torch.float64)
     x64 = torch.randn(2, 50, 32, dtype=torch.float64)
     ref = reference(m64, x64)
     m = LinformerSelfAttention(32, 4, 64, 16, num_kv_heads=2, dtype=dtype)
     m.load_state_dict(m64.state_dict())
     x = x64.to(dtype)
-    ours = m(x).double()
-    same = reference(m, x).double()
-    eps = 1e-6 if dtype == torch.float32 else 1e-2
-    assert ((ours - ref).abs() <= 2 * (same - ref).abs().max() + eps).all()
+    ours = m(x)
+    same = reference(m, x)
+    assert_close_to_ref(ours, ref, same.to(dtype), name="out")
 
 
 def test_compile_fullgraph_dynamic():
