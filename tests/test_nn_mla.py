@@ -195,7 +195,7 @@ def test_wrong_cache_type(device):
 # --------------------------------------------------------------------------------------------------
 # (a) Forward against the reference; (c) backward
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", F32_F64 + [torch.bfloat16], ids=F32_F64_IDS + ["bf16"])
+@pytest.mark.parametrize("dtype", F32_F64 + [torch.bfloat16, torch.float16], ids=F32_F64_IDS + ["bf16", "f16"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_forward_matches_reference(name, dtype, device):
     mod = build(name, dtype, device)
