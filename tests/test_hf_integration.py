@@ -138,18 +138,29 @@ def test_masks_change_the_result():
 def test_greedy_generate_matches_transformers(name, dtype, padding, cache):
     """Same tokens as transformers' eager attention, with a DynamicCache (the keys passed in are
     the whole cache so far; sliding layers keep only the window) or a StaticCache (masks built
-    ahead by generate; the keys are the whole preallocated buffer)."""
-    model, _ = build(name, dtype)
+    ahead by generate; the keys are the whole preallocated buffer); and every step's logits under the
+    tolerance rule, ref64 being the float64 model's full forward over the generated tokens (the same
+    tokens alone let a 3% error in the decode steps' attention pass)."""
+    model, model64 = build(name, dtype)
     ids, mask = prompt(padding)
+    new = 8
 
     def generate(implementation):
         model.set_attn_implementation(implementation)
-        return model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
-                              cache_implementation=cache)
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                              cache_implementation=cache, output_logits=True, return_dict_in_generate=True)
 
-    expected = generate("eager")
-    assert expected.shape == (BATCH, PROMPT + 8)
-    assert torch.equal(generate("attn_ops"), expected)
+    expected, ours = generate("eager"), generate("attn_ops")
+    assert expected.sequences.shape == (BATCH, PROMPT + new)
+    assert torch.equal(ours.sequences, expected.sequences)
+    full_mask = None if mask is None else torch.cat([mask, torch.ones(BATCH, new, dtype=mask.dtype)], 1)
+    # generate's positions: counted over real tokens only (left padding)
+    positions = None if full_mask is None else (full_mask.cumsum(-1) - 1).clamp(min=0)
+    model64.set_attn_implementation("eager")
+    with torch.no_grad():
+        ref64 = model64(expected.sequences, attention_mask=full_mask, position_ids=positions).logits
+    assert_close_to_ref(torch.stack(ours.logits, 1), ref64[:, PROMPT - 1:PROMPT + new - 1],
+                        torch.stack(expected.logits, 1), name="logits")
 
 
 # --------------------------------------------------------------------------------------------------
