@@ -10,6 +10,7 @@ from transformers import MiniMaxConfig, MiniMaxForCausalLM
 
 from attn_ops.integrations import transformers as hf
 from attn_ops.integrations.minimax import MiniMaxLightningAttention, swap_minimax_attention
+from reference import assert_close_to_ref
 
 CONFIG = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
               head_dim=8, num_hidden_layers=4, num_local_experts=2, num_experts_per_tok=1, block_size=16,
@@ -58,22 +59,38 @@ def test_swap_shares_parameters_and_keeps_state_dict_keys():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_greedy_generate_with_left_padding_matches_eager(dtype):
+    """The same tokens as the eager model, and every step's logits under the tolerance rule, ref64 being the
+    float64 eager model's full forward over the generated tokens (tokens alone let a 30% error in the decay
+    pass)."""
     eager, ours = models(dtype)
     ids, mask = prompt()
-    kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False)
+    new = 10
+    kw = dict(attention_mask=mask, max_new_tokens=new, do_sample=False, output_logits=True,
+              return_dict_in_generate=True)
     with torch.no_grad():
         expected = eager.generate(ids, **kw)
         got = ours.generate(ids, **kw)
-    assert expected.shape == (3, 31)
-    assert torch.equal(got, expected)
+        assert expected.sequences.shape == (3, 21 + new)
+        assert torch.equal(got.sequences, expected.sequences)
+        eager64 = models(torch.float64)[0]
+        full_mask = torch.cat([mask, torch.ones(3, new, dtype=mask.dtype)], 1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)  # generate's: counted over real tokens
+        ref64 = eager64(expected.sequences, attention_mask=full_mask, position_ids=positions).logits
+    assert_close_to_ref(torch.stack(got.logits, 1), ref64[:, 20:20 + new], torch.stack(expected.logits, 1),
+                        name="logits")
 
 
 def test_beam_search_matches_eager():
+    """The same beams and the same beam scores (float64; the beams alone let 30% noise in every lightning
+    output pass)."""
     eager, ours = models(torch.float64)
     ids, mask = prompt()
-    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=3)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=3, output_scores=True,
+              return_dict_in_generate=True)
     with torch.no_grad():
-        assert torch.equal(ours.generate(ids, **kw), eager.generate(ids, **kw))
+        got, expected = ours.generate(ids, **kw), eager.generate(ids, **kw)
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, rtol=1e-9, atol=1e-9)
 
 
 def test_logits_and_training_gradients_match_eager():
