@@ -106,17 +106,22 @@ def test_gradients_against_reference(dtype, device):
     dout = torch.randn(B, Tq, Dv, dtype=torch.float64)
     dlse = torch.randn(B, Tq, dtype=torch.float64)
 
+    # the op's own inputs and output gradients (rounded to dtype) for every computation
+    dout, dlse = dout.to(dtype).double(), dlse.float().double()
+
     def grads(fn, inputs):
         out, lse = fn(inputs)[:2]
         loss = (out * dout.to(out)).sum() + (lse * dlse.to(lse)).sum()
         return torch.autograd.grad(loss, inputs)
 
-    ref = grads(lambda x: additive_attention_ref(*x, mask), inputs64)
-    low = [t.detach().to(device, dtype).requires_grad_() for t in inputs64]
+    def leaves(dt):
+        return [t.detach().to(dtype).to(device if dt == dtype else "cpu", dt).requires_grad_() for t in inputs64]
+
+    ref = grads(lambda x: additive_attention_ref(*x, mask), leaves(torch.float64))
     ours = [g.cpu() for g in grads(lambda x: attn_ops.additive_attention(*x, key_padding_mask=on(device, mask)[0]),
-                                   low)]
-    low2 = [t.detach().to(dtype).requires_grad_() for t in inputs64]
-    same = grads(lambda x: additive_attention_ref(*x, mask), low2)
+                                   leaves(dtype))]
+    # baseline: the gradients computed in float32 and rounded once (test_attention_backward.same_dtype_grads)
+    same = [g.to(dtype) for g in grads(lambda x: additive_attention_ref(*x, mask), leaves(torch.float32))]
     for name, o, r, s in zip(["dqp", "dkp", "dw", "dv"], ours, ref, same):
         assert o.dtype == dtype
         assert_close_to_ref(o, r, s, name=name)

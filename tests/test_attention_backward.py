@@ -59,6 +59,16 @@ def ref_grads(q, k, v, dout, dlse, compute_dtype, **kw):
     return torch.autograd.grad(outs, (qs, ks, vs), gos, allow_unused=True)
 
 
+def same_dtype_grads(q, k, v, dout, dlse, **kw):
+    """The baseline of the tolerance rule for gradients: for 16-bit inputs, the gradients computed in float32 from
+    the same (rounded) inputs and rounded to the dtype once, which is what the kernels do (float32 accumulation);
+    autograd through the reference in bfloat16 errs by 1-3% of the largest gradient, which let 3% errors pass."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return ref_grads(q, k, v, dout, dlse, q.dtype, **kw)
+    grads = ref_grads(q, k, v, dout, dlse, torch.float32, **kw)
+    return tuple(None if g is None else g.to(q.dtype) for g in grads)
+
+
 def out_lse_shapes(q, v, varlen):
     if varlen:
         return (q.shape[0], q.shape[1], v.shape[-1]), (q.shape[1], q.shape[0])
@@ -73,7 +83,7 @@ def check_backward(q, k, v, with_dout=True, with_dlse=True, **kw):
             if with_dlse else None)
     ours = op_grads(q, k, v, dout, dlse, **kw)
     r64 = ref_grads(q, k, v, dout, dlse, torch.float64, **kw)
-    same = ref_grads(q, k, v, dout, dlse, q.dtype, **kw)
+    same = same_dtype_grads(q, k, v, dout, dlse, **kw)
     errs = {}
     for name, g, r, s, x in zip(("dq", "dk", "dv"), ours, r64, same, (q, k, v)):
         assert g is not None

@@ -66,7 +66,7 @@ def test_backward(isa, dtype):
     q, k, v = dense_inputs(2, 70, 150, 8, 2, 64, 64, dtype, "cpu")
     dout = torch.randn(2, 70, 8, 64, dtype=dtype)
     dlse = torch.randn(2, 8, 70, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-    kw = dict(causal=True, softcap=30.0)
+    kw = dict(causal=True, softcap=5.0)  # (at 30 the cap's derivative changes the gradients by only ~1%)
 
     def grads(compute_dtype, fn):
         leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
@@ -75,7 +75,9 @@ def test_backward(isa, dtype):
 
     ours = grads(dtype, lambda x: attn_ops.attention(*x, **kw))
     r64 = grads(torch.float64, lambda x: attention_ref(*x, **kw))
-    same = grads(dtype, lambda x: attention_ref(*x, **kw, compute_dtype=dtype))
+    # 16-bit: float32 gradients rounded once (test_attention_backward.same_dtype_grads)
+    base = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    same = [g.to(dtype) for g in grads(base, lambda x: attention_ref(*x, **kw, compute_dtype=base))]
     for name, o, r, s in zip(("dq", "dk", "dv"), ours, r64, same):
         assert o.dtype == dtype
         assert_close_to_ref(o, r, s, name=name)
