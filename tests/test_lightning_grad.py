@@ -116,7 +116,9 @@ def test_low_precision_gradients_tolerance_rule(dtype, device):
     float64 recurrence, under the rule |ours - ref64| <= 2 |same - ref64| + eps, where `same` is autograd through
     the documented computation (float32 recurrence on the same rounded inputs, gradients rounded once)."""
     from lightning_reference import assert_close_rule
-    eps = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    # eps relative to the largest gradient: about one ulp of the dtype for dq / dk / dv (the larger eps of before
+    # let 1% errors pass), float32's for dinitial_state (float32, as the state)
+    eps = {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
     B, T, H, Hk, Dk, Dv = 2, 37, 4, 2, 16, 24
     leaves = [make((B, T, H, Dk), dtype), make((B, T, Hk, Dk), dtype), make((B, T, Hk, Dv), dtype)]
     init = make((B, H, Dk, Dv), torch.float32)
@@ -124,7 +126,9 @@ def test_low_precision_gradients_tolerance_rule(dtype, device):
     on_device = [t.detach().to(device).requires_grad_() for t in (*leaves, init)]
     out, final = attn_ops.lightning_attention(*on_device[:3], s.to(device), scale=0.25, initial_state=on_device[3],
                                               block_size=16)
-    dout, dfinal = torch.randn(out.shape, dtype=torch.float64), torch.randn(final.shape, dtype=torch.float64)
+    # the gradients the op receives (dout rounded to out's dtype) for every computation
+    dout = torch.randn(out.shape, dtype=torch.float64).to(dtype).double()
+    dfinal = torch.randn(final.shape, dtype=torch.float64).float().double()
     loss = (out.double() * dout.to(device)).sum() + (final.double() * dfinal.to(device)).sum()
     ours = [g.cpu() for g in torch.autograd.grad(loss, on_device)]
     refs = []
@@ -136,4 +140,4 @@ def test_low_precision_gradients_tolerance_rule(dtype, device):
         refs.append([g.to(o.dtype) if compute != torch.float64 else g for g, o in zip(grads, ours)])
     for name, g, r64, same in zip(("dq", "dk", "dv", "dinitial_state"), ours, *refs):
         assert g.dtype == (torch.float32 if name == "dinitial_state" else dtype), name
-        assert_close_rule(g, r64, same, eps * (1 + r64.abs().max().item()))
+        assert_close_rule(g, r64, same, (1e-5 if name == "dinitial_state" else eps) * r64.abs().max().item())
