@@ -94,14 +94,17 @@ def test_merge_equals_full_attention(case, dtype):
     no_key = torch.isneginf(ref64[1]).transpose(1, 2)
     assert torch.equal(out[no_key], torch.zeros_like(out[no_key]))
 
+    # gradients through the merge (and its lse); for bfloat16 the baseline is the float32 reference's gradients of
+    # the same inputs, rounded once (test_attention_backward.same_dtype_grads)
+    dout, dlse = torch.randn(out.shape, dtype=F64).to(dtype).double(), torch.randn(lse.shape, dtype=F64).float().double()
     if dtype == torch.bfloat16:
-        return
-    dout, dlse = torch.randn(out.shape, dtype=F64), torch.randn(lse.shape, dtype=F64)
+        leaves_same = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        same = attention_ref(*leaves_same, causal=True, compute_dtype=torch.float32)
     for result in ((out, lse), ref64, same):
         backward_loss(*result, dout, dlse).backward()
     for name, ours, ref, ref_same in zip("qkv", (q, k, v), leaves64, leaves_same):
         assert torch.isfinite(ours.grad).all()
-        assert_close_to_ref(ours.grad, ref.grad, ref_same.grad, name=f"d{name}")
+        assert_close_to_ref(ours.grad, ref.grad, ref_same.grad.to(dtype), name=f"d{name}")
 
 
 def test_merge_varlen():
@@ -110,9 +113,9 @@ def test_merge_varlen():
     lens_q, lens_k = [5, 3], [7, 4]
     split = [(3, 4), (4, 0)]  # per sequence: keys in shard 0, keys in shard 1
     H, Hkv, D = 4, 1, 8
-    q = torch.randn(sum(lens_q), H, D, dtype=F64)
-    k = torch.randn(sum(lens_k), Hkv, D, dtype=F64)
-    v = torch.randn(sum(lens_k), Hkv, D, dtype=F64)
+    q = torch.randn(sum(lens_q), H, D, dtype=F64, requires_grad=True)
+    k = torch.randn(sum(lens_k), Hkv, D, dtype=F64, requires_grad=True)
+    v = torch.randn(sum(lens_k), Hkv, D, dtype=F64, requires_grad=True)
     starts = [0, lens_k[0]]
     shard_keys = [torch.cat([torch.arange(st, st + n0) for st, (n0, _) in zip(starts, split)]),
                   torch.cat([torch.arange(st + n0, st + n0 + n1) for st, (n0, n1) in zip(starts, split)])]
@@ -126,6 +129,12 @@ def test_merge_varlen():
     ref = attention_ref(q, k, v, cu_seqlens_q=cu_seqlens(lens_q), cu_seqlens_k=cu_seqlens(lens_k))
     close64(out, ref[0], "out")
     close64(lse, ref[1], "lse")
+    # and the gradients through the merge, its lse and the empty shard
+    dout, dlse = torch.randn(out.shape, dtype=F64), torch.randn(lse.shape, dtype=F64)
+    grads = torch.autograd.grad(backward_loss(out, lse, dout, dlse), (q, k, v))
+    ref_grads = torch.autograd.grad(backward_loss(*ref, dout, dlse), (q, k, v))
+    for name, g, r in zip("qkv", grads, ref_grads):
+        close64(g, r, f"d{name}")
 
 
 def _partials(n=2, shape=(2, 3, 4, 8)):
