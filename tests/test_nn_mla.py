@@ -251,7 +251,7 @@ def test_rope_tables(device):
         mod._forward_with_tables(x, None, None, 0, tables)
 
 
-@pytest.mark.parametrize("dtype", F32_F64, ids=F32_F64_IDS)
+@pytest.mark.parametrize("dtype", F32_F64 + [torch.float16], ids=F32_F64_IDS + ["f16"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_backward_matches_reference(name, dtype, device):
     mod = build(name, dtype, device)

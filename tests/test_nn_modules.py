@@ -196,7 +196,7 @@ def test_explicit_positions(dtype, device):
         assert_close_to_ref(out, ref64, same, name="out")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=["f32", "f64", "f16"])
 @pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "interleaved", "window5",
                                   "window3_bias_interleaved"])
 def test_backward_matches_reference(name, dtype, device):
