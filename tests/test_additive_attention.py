@@ -152,9 +152,14 @@ def test_large_projections_take_the_tanh_form(dtype):
     same_out, same_lse, _ = additive_attention_ref(*same)
     assert_close_to_ref(out, ref_out, same_out, name="out")
     assert_close_to_ref(lse, ref_lse, same_lse.to(lse.dtype), name="lse")
-    dout = torch.randn(2, 6, 4, dtype=torch.float64)
-    grads = torch.autograd.grad((out * dout.to(dtype)).sum(), inputs)
-    ref_grads = torch.autograd.grad((ref_out * dout).sum(), ref64)
-    same_grads = torch.autograd.grad((same_out * dout.to(dtype)).sum(), same)
+    # through out and lse (the lse term reaches dqp / dkp / dw through the tanh form's scores too)
+    dout, dlse = torch.randn(2, 6, 4, dtype=torch.float64), torch.randn(2, 6, dtype=torch.float64)
+
+    def loss(o, l):
+        return (o * dout.to(o.dtype)).sum() + (l * dlse.to(l.dtype)).sum()
+
+    grads = torch.autograd.grad(loss(out, lse), inputs)
+    ref_grads = torch.autograd.grad(loss(ref_out, ref_lse), ref64)
+    same_grads = torch.autograd.grad(loss(same_out, same_lse), same)
     for name, g, r, s in zip(["dqp", "dkp", "dw", "dv"], grads, ref_grads, same_grads):
         assert_close_to_ref(g, r, s, name=name)
