@@ -17,6 +17,7 @@ import datetime
 import json
 import time
 import traceback
+import warnings
 import zlib
 
 import pytest
@@ -398,10 +399,8 @@ def _worker(rank, store, results_dir):
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def two_rank_results(tmp_path_factory):
-    """Runs every scenario once on 2 spawned CPU processes (gloo); each rank's results."""
-    d = tmp_path_factory.mktemp("dist")
+def _run_two_ranks(d):
+    """Every scenario on 2 spawned CPU processes (gloo) with its store and results in directory d."""
     ctx = mp.start_processes(_worker, args=(str(d / "store"), str(d)), nprocs=WORLD, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 180
@@ -415,6 +414,21 @@ def two_rank_results(tmp_path_factory):
         with open(d / f"rank{r}.json") as f:
             results.append(json.load(f))
     return results
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    """Runs every scenario once on 2 spawned CPU processes (gloo); each rank's results. A rank killed by a
+    signal gets one more run: a CI run saw gloo abort a rank ("terminate called without an active exception")
+    once, with no test failing, and it did not reproduce in 20 runs here, loaded or not. A scenario's own failure
+    is a result (rank<r>.json), not a signal, so it is never retried; a crash that repeats fails the second run."""
+    try:
+        return _run_two_ranks(tmp_path_factory.mktemp("dist"))
+    except mp.ProcessExitedException as e:
+        if e.signal_name is None:
+            raise
+        warnings.warn(f"two-rank run: {e}; running it again")
+        return _run_two_ranks(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
