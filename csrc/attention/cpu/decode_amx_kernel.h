@@ -9,8 +9,8 @@
 //       (16 x 16 tiles loaded and stored once per key tile).
 // Query rows are padded to multiples of 16 with zeros. Q is packed as the caller gave it (bfloat16: exact) and
 // the scale applied to the float32 scores (multiply_unscaled_q: rounding the scaled q to bfloat16 cost up to
-// 2^-9 of every logit); P is rounded to bfloat16 for the products, as SDPA's CPU kernel does. One tile configuration for the whole call, no library calls inside
-// the loop.
+// 2^-9 of every logit); P is rounded to bfloat16 for the products, as SDPA's CPU kernel does. One tile
+// configuration for the whole call, no library calls inside the loop.
 //
 // Included by decode_gemm_kernel.h; the AVX-512 copy alone has it (ATTN_OPS_DECODE_AMX; AMX exists only on
 // AVX-512 CPUs).
