@@ -97,7 +97,8 @@ def test_merge_equals_full_attention(case, dtype):
 
     # gradients through the merge (and its lse); for bfloat16 the baseline is the float32 reference's gradients of
     # the same inputs, rounded once (test_attention_backward.same_dtype_grads)
-    dout, dlse = torch.randn(out.shape, dtype=F64).to(dtype).double(), torch.randn(lse.shape, dtype=F64).float().double()
+    dout = torch.randn(out.shape, dtype=F64).to(dtype).double()
+    dlse = torch.randn(lse.shape, dtype=F64).float().double()
     if dtype == torch.bfloat16:
         leaves_same = [t.detach().float().requires_grad_() for t in (q, k, v)]
         same = attention_ref(*leaves_same, causal=True, compute_dtype=torch.float32)

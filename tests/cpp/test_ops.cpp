@@ -103,7 +103,8 @@ TEST(KvCache, PagedAppendAndAttendEqualContiguous) {
   }
   slots[1] = -1;  // -1 skips that token
   const at::Tensor k_skipped = dense(k_pool)[0][before[0] + 1].clone();
-  attn_ops::paged_kv_cache_append(k_pool, v_pool, k, v, torch::tensor(slots, torch::TensorOptions().dtype(torch::kLong)));
+  attn_ops::paged_kv_cache_append(k_pool, v_pool, k, v,
+                                  torch::tensor(slots, torch::TensorOptions().dtype(torch::kLong)));
   const at::Tensor k_dense = dense(k_pool), v_dense = dense(v_pool);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tnew; ++t) {
