@@ -5,8 +5,8 @@ Decode, per (B, context, Hkv): q [B, 1, Hq, D]; every row attends to `context` c
 cache, cache_seqlens = context). Compared on the same values:
   ours          attn_ops.attention_with_kvcache over a contiguous cache [B, context, Hkv, D]
   ours[huge]    the same call over a copy of the cache in transparent huge pages (CPU, Linux; how
-                attn_ops.nn.KVCache allocated before it stored its CPU layers head-major; the paged
-                caches still do: attn_ops/_huge_pages.py)
+                attn_ops.nn.KVCache allocated before it stored its CPU layers head-major, as PagedKVCache
+                now does too: attn_ops/_huge_pages.py)
   ours[graph]   the same call captured in a CUDA graph and replayed (CUDA only): no host work per
                 call (the op's value checks, which copy cache_seqlens to the host, are skipped
                 under capture), so this is the kernels' own time
