@@ -65,13 +65,15 @@ def _per_layer(num_layers: int, shape: Tuple[int, ...], dtype: torch.dtype, devi
 
 
 def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, head_dim: int,
-                     head_dim_v: Optional[int], dtype: torch.dtype, device, *,
-                     head_major: bool = False) -> Tuple[List[Tensor], List[Tensor]]:
-    """One K and one V tensor per layer, ``[*rows, num_kv_heads, head_dim(_v)]``. ``head_major``: each is
-    the ``.transpose(1, 2)`` view of a ``[rows[0], num_kv_heads, rows[1], head_dim(_v)]`` tensor."""
+                     head_dim_v: Optional[int], dtype: torch.dtype, device) -> Tuple[List[Tensor], List[Tensor]]:
+    """One K and one V tensor per layer, ``[*rows, num_kv_heads, head_dim(_v)]`` (rows: ``(batch, capacity)``
+    or ``(num_blocks, block_size)``). On the CPU each is the ``.transpose(1, 2)`` view of a ``[rows[0],
+    num_kv_heads, rows[1], head_dim(_v)]`` tensor: each KV head's rows of a batch row or block are then
+    contiguous, which the decode kernel streams one head at a time. Elsewhere they are contiguous."""
     check_positive("num_kv_heads", num_kv_heads)
     check_positive("head_dim", head_dim)
     head_dim_v = head_dim if head_dim_v is None else check_positive("head_dim_v", head_dim_v)
+    head_major = _huge_pages.resolve_device(device).type == "cpu"
 
     def layers(dim: int) -> List[Tensor]:
         if not head_major:
@@ -249,9 +251,8 @@ class KVCache(_ContiguousRows, _KVCacheBase):
                  head_dim: int, *, head_dim_v: Optional[int] = None,
                  dtype: torch.dtype = torch.float32, device=None):
         self._init_rows(num_layers, batch_size, capacity, device)
-        on_cpu = _huge_pages.resolve_device(device).type == "cpu"
         self.k, self.v = _allocate_layers(num_layers, (batch_size, capacity), num_kv_heads, head_dim,
-                                          head_dim_v, dtype, device, head_major=on_cpu)
+                                          head_dim_v, dtype, device)
 
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` at the current
@@ -454,9 +455,8 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
                  head_dim: int, batch_size: int, max_blocks_per_seq: int, *,
                  head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None):
         self._init_paged(num_layers, num_blocks, block_size, batch_size, max_blocks_per_seq, device)
-        on_cpu = _huge_pages.resolve_device(device).type == "cpu"
         self.k, self.v = _allocate_layers(num_layers, (num_blocks, block_size), num_kv_heads, head_dim,
-                                          head_dim_v, dtype, device, head_major=on_cpu)
+                                          head_dim_v, dtype, device)
 
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` after the current
