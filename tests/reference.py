@@ -159,14 +159,19 @@ def assert_close_to_ref(ours, ref64, same_dtype, eps=None, name="tensor"):
     return err
 
 
+def accumulation_dtype(dtype):
+    """The dtype the kernels accumulate in for inputs of `dtype`: float32 for 16-bit dtypes, else the dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def same_dtype_ref(ref_fn, *args, compute_dtype, **kw):
     """(out, lse) of the reference `ref_fn` as the op computes them for inputs of `compute_dtype`: out in that
     dtype; lse, which the op returns in float32 (accumulated in float32 for every input dtype), from the
     float32 computation for 16-bit dtypes: the 16-bit computation's lse error is large enough to let an lse
     rounded to bfloat16 pass."""
     out, lse = ref_fn(*args, compute_dtype=compute_dtype, **kw)
-    if compute_dtype in (torch.float16, torch.bfloat16):
-        lse = ref_fn(*args, compute_dtype=torch.float32, **kw)[1]
+    if accumulation_dtype(compute_dtype) != compute_dtype:
+        lse = ref_fn(*args, compute_dtype=accumulation_dtype(compute_dtype), **kw)[1]
     return out, lse
 
 

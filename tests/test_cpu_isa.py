@@ -14,8 +14,8 @@ from torch.autograd import gradcheck
 import attn_ops
 from additive_reference import additive_attention_ref, additive_inputs
 from cpu_isa_helpers import ISA_LEVELS, force_isa
-from reference import (assert_attention_close_to_ref, assert_close_to_ref, attention_ref, dense_inputs,
-                       varlen_inputs)
+from reference import assert_attention_close_to_ref, assert_close_to_ref, dense_inputs, varlen_inputs
+from test_attention_backward import check_backward
 
 
 @pytest.fixture(params=ISA_LEVELS)
@@ -63,24 +63,10 @@ def test_forward_varlen_and_split_keys(isa):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
                          ids=lambda d: str(d).replace("torch.", ""))
 def test_backward(isa, dtype):
+    """test_attention_backward's check (16-bit against float32 gradients rounded once) on each copy."""
     q, k, v = dense_inputs(2, 70, 150, 8, 2, 64, 64, dtype, "cpu")
-    dout = torch.randn(2, 70, 8, 64, dtype=dtype)
-    dlse = torch.randn(2, 8, 70, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-    kw = dict(causal=True, softcap=5.0)  # (at 30 the cap's derivative changes the gradients by only ~1%)
-
-    def grads(compute_dtype, fn):
-        leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
-        out, lse = fn(leaves)
-        return torch.autograd.grad((out, lse), leaves, (dout.to(compute_dtype), dlse.to(lse.dtype)))
-
-    ours = grads(dtype, lambda x: attn_ops.attention(*x, **kw))
-    r64 = grads(torch.float64, lambda x: attention_ref(*x, **kw))
-    # 16-bit: float32 gradients rounded once (test_attention_backward.same_dtype_grads)
-    base = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    same = [g.to(dtype) for g in grads(base, lambda x: attention_ref(*x, **kw, compute_dtype=base))]
-    for name, o, r, s in zip(("dq", "dk", "dv"), ours, r64, same):
-        assert o.dtype == dtype
-        assert_close_to_ref(o, r, s, name=name)
+    # softcap 5: at 30 the cap's derivative changes the gradients by only ~1%
+    check_backward(q, k, v, causal=True, softcap=5.0)
 
 
 def test_gradcheck(isa):

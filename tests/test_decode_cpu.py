@@ -179,33 +179,32 @@ def test_bfloat16_score_scales(scale, bf16_score_products):
     check(q, kc, vc, seqlens, bt, scale=scale)
 
 
+def assert_lse_keeps_float32_accuracy(rows, keys):
+    """bfloat16 q [1, 1, rows, 64] and keys at logits ~15 (scale 0.01): lse within 1e-4 of the float64 one (rounding
+    the scaled q to bfloat16 put 2^-9 of every logit into it, 0.05 here)."""
+    q = (torch.randn(1, 1, rows, 64, dtype=torch.float64) * 10).bfloat16()
+    k = (torch.randn(1, keys, 1, 64, dtype=torch.float64) * 10).bfloat16()
+    v = torch.randn(1, keys, 1, 64).bfloat16()
+    lens = torch.tensor([keys], dtype=torch.int32)
+    _, lse = attn_ops.attention_with_kvcache(q, k, v, lens, scale=0.01)
+    _, ref_lse = attention_with_kvcache_ref(q, k, v, lens, scale=0.01)
+    assert (lse.double() - ref_lse).abs().max() < 1e-4 * ref_lse.abs().max()
+
+
 def test_bfloat16_gemm_logits_keep_float32_accuracy_on_this_cpu():
     """The GEMM path (64 query rows per KV head) on the kernel this CPU picks by default: the AMX tiles where
     it has AMX-BF16 (decode_amx_kernel.h, which bf16_score_products turns off), else the pairs or the FMAs. q is
-    packed as given and the scores scaled in float32, so lse keeps float32 accuracy at logits ~15 (rounding the
-    scaled q to bfloat16 put 0.05 into it)."""
+    packed as given and the scores scaled in float32."""
     torch.manual_seed(12)
-    q = (torch.randn(1, 1, 64, 64, dtype=torch.float64) * 10).bfloat16()
-    k = (torch.randn(1, 70, 1, 64, dtype=torch.float64) * 10).bfloat16()
-    v = torch.randn(1, 70, 1, 64).bfloat16()
-    lens = torch.tensor([70], dtype=torch.int32)
-    out, lse = attn_ops.attention_with_kvcache(q, k, v, lens, scale=0.01)
-    ref_out, ref_lse = attention_with_kvcache_ref(q, k, v, lens, scale=0.01)
-    assert (lse.double() - ref_lse).abs().max() < 1e-4 * ref_lse.abs().max()
+    assert_lse_keeps_float32_accuracy(64, 70)
 
 
 @pytest.mark.parametrize("rows", [4, 64], ids=["stream", "gemm"])
 def test_bfloat16_logits_keep_float32_accuracy(rows, bf16_score_products):
-    """The bfloat16 kernels multiply q as given (bfloat16: exact) and scale the float32 sums: rounding the
-    scaled q to bfloat16 (the GEMM path did) put 2^-9 of every logit into lse (0.05 at logits ~15); the lse
-    must stay at float32 accuracy. And a scale so small (1e-40) that q . k alone overflows float32 where
+    """The bfloat16 kernels multiply q as given (bfloat16: exact) and scale the float32 sums, so the lse stays at
+    float32 accuracy. And a scale so small (1e-40) that q . k alone overflows float32 where
     scale * q . k does not keeps the scaled-q products (lse was NaN)."""
-    q = (torch.randn(1, 1, rows, 64, dtype=torch.float64) * 10).bfloat16()
-    k = (torch.randn(1, 5, 1, 64, dtype=torch.float64) * 10).bfloat16()
-    v = torch.randn(1, 5, 1, 64).bfloat16()
-    out, lse = attn_ops.attention_with_kvcache(q, k, v, torch.tensor([5], dtype=torch.int32), scale=0.01)
-    ref_out, ref_lse = attention_with_kvcache_ref(q, k, v, torch.tensor([5], dtype=torch.int32), scale=0.01)
-    assert (lse.double() - ref_lse).abs().max() < 1e-4 * ref_lse.abs().max()
+    assert_lse_keeps_float32_accuracy(rows, 5)
     q = (torch.randn(1, 1, rows, 64, dtype=torch.float64) * 1e4).bfloat16()
     k = (torch.randn(1, 50, 1, 64, dtype=torch.float64) * 1e36).bfloat16()
     v = torch.randn(1, 50, 1, 64).bfloat16()
@@ -251,7 +250,7 @@ def test_mixed_decode_and_prefill_rows_in_one_call(dtype, block_size):
     s_out, s_lse = same_dtype_ref(attention_with_kvcache_serving_ref, q, kc, vc, seqlens, **ref_kw,
                                   compute_dtype=dtype)
     assert_close_to_ref(out, r_out, s_out, name="out")
-    assert_close_to_ref(lse, r_lse, s_lse.to(lse.dtype), name="lse")
+    assert_close_to_ref(lse, r_lse, s_lse, name="lse")
 
 
 @pytest.mark.parametrize("lens", [[20, 7], [1500, 9]], ids=["below_threshold", "key_splits"])

@@ -32,7 +32,7 @@ from attn_ops.distributed import (merge_attention_partials, merge_attention_part
 from attn_ops.nn import (GroupedQueryAttention, KVCache, LatentKVCache, MultiHeadLatentAttention,
                          PagedKVCache)
 from attn_ops.nn.parallel import ColumnParallelLinear, RowParallelLinear
-from reference import assert_close_to_ref, attention_ref, cu_seqlens, same_dtype_ref
+from reference import accumulation_dtype, assert_close_to_ref, attention_ref, cu_seqlens, same_dtype_ref
 
 F64 = torch.float64
 WORLD = 2
@@ -95,13 +95,14 @@ def test_merge_equals_full_attention(case, dtype):
     no_key = torch.isneginf(ref64[1]).transpose(1, 2)
     assert torch.equal(out[no_key], torch.zeros_like(out[no_key]))
 
-    # gradients through the merge (and its lse); for bfloat16 the baseline is the float32 reference's gradients of
-    # the same inputs, rounded once (test_attention_backward.same_dtype_grads)
+    # gradients through the merge (and its lse); the baseline is the reference's gradients of the same inputs in
+    # the accumulation dtype, rounded once (test_attention_backward.same_dtype_grads)
     dout = torch.randn(out.shape, dtype=F64).to(dtype).double()
     dlse = torch.randn(lse.shape, dtype=F64).float().double()
-    if dtype == torch.bfloat16:
-        leaves_same = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        same = attention_ref(*leaves_same, causal=True, compute_dtype=torch.float32)
+    acc = accumulation_dtype(dtype)
+    if acc != dtype:
+        leaves_same = [t.detach().to(acc).requires_grad_() for t in (q, k, v)]
+        same = attention_ref(*leaves_same, causal=True, compute_dtype=acc)
     for result in ((out, lse), ref64, same):
         backward_loss(*result, dout, dlse).backward()
     for name, ours, ref, ref_same in zip("qkv", (q, k, v), leaves64, leaves_same):

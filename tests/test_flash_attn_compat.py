@@ -14,7 +14,7 @@ import torch
 from attn_ops.flash_attn_interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                                            flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                                            flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
-from reference import assert_close_to_ref, attention_ref, same_dtype_ref
+from reference import accumulation_dtype, assert_close_to_ref, attention_ref, same_dtype_ref
 from rope_reference import rope_ref
 from serving_reference import attention_with_kvcache_serving_ref
 
@@ -39,7 +39,7 @@ def check_fa_rule(ours, q, k, v, kw, *, lse=None, **varlen):
     same = same_dtype_ref(attention_ref, q, k, v, **fa_to_ref(kw), **varlen, compute_dtype=q.dtype)
     assert_close_to_ref(ours, ref[0], same[0], name="out")
     if lse is not None:
-        assert_close_to_ref(lse, ref[1], same[1].float(), name="lse")
+        assert_close_to_ref(lse, ref[1], same[1], name="lse")
 
 
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=str)
@@ -66,7 +66,7 @@ def test_flash_attn_func_backward(dtype, seqlens, mask):
     grads = torch.autograd.grad(flash_attn_func(q, k, v, **kw), (q, k, v), dout)
     outs = {}
     # "same": float32 gradients of the same inputs, rounded once (test_attention_backward.same_dtype_grads)
-    for name, cdt in (("ref", torch.float64), ("same", torch.float64 if dt == torch.float64 else torch.float32)):
+    for name, cdt in (("ref", torch.float64), ("same", accumulation_dtype(dt))):
         leaves = [t.detach().to(cdt).requires_grad_() for t in (q, k, v)]
         o = attention_ref(*leaves, **fa_to_ref(kw), compute_dtype=cdt)[0]
         outs[name] = [g.to(dt) if name == "same" else g for g in torch.autograd.grad(o, leaves, dout.to(cdt))]
