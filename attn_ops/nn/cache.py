@@ -446,7 +446,7 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
 
     On the CPU, ``k[layer]`` / ``v[layer]`` are the ``.transpose(1, 2)`` views of ``[num_blocks, Hkv,
     block_size, D]`` tensors (same shape and values, other strides): within a block each KV head's rows are
-    contiguous, and the decode kernel streams one head at a time (1.1-1.4x faster at block sizes 4-256 on
+    contiguous, and the decode kernel streams one head at a time (1.05-1.37x faster at block sizes 4-256 on
     the README's Zen 4, "CPU decode"). Elsewhere they are contiguous.
     """
 
