@@ -10,13 +10,13 @@ The kernel reads one KV head's rows, kilobytes apart in the [batch, seqlen, head
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
-from reporting import markdown_table  # noqa: E402
+from reporting import print_table_report  # noqa: E402
+from timing import medians_in_turn  # noqa: E402
 
 attn_ops = machine.import_attn_ops()
 from attn_ops import _huge_pages  # noqa: E402
@@ -43,17 +43,12 @@ def run(dtype: torch.dtype, batch: int, context: int, rounds: int) -> list[str]:
         for t in caches[name]:
             t.normal_(generator=g)
         caches[name].append(anon_huge_mib() - before)
-    times = {name: [] for name in caches}
-    for _ in range(rounds):  # in turn: the machine's drift hits both alike
-        for name, (k, v, _) in caches.items():
-            start = time.perf_counter()
-            attn_ops.attention_with_kvcache(q, k, v, lens)
-            times[name].append(time.perf_counter() - start)
+    medians = medians_in_turn({name: lambda k=k, v=v: attn_ops.attention_with_kvcache(q, k, v, lens)
+                               for name, (k, v, _) in caches.items()}, rounds)
     nbytes = 2 * batch * context * HKV * D * dtype.itemsize
-    plain = sorted(times["4 KiB pages"])[rounds // 2]
+    plain = medians["4 KiB pages"]
     rows = []
-    for name, samples in times.items():
-        median = sorted(samples)[rounds // 2]
+    for name, median in medians.items():
         rows.append([str(dtype).replace("torch.", ""), str(batch), str(context), name,
                      f"{caches[name][2]:.0f}", f"{median * 1e3:.1f}", f"{nbytes / median / 1e9:.1f}",
                      f"{plain / median:.2f}"])
@@ -72,18 +67,11 @@ def main() -> int:
     rows = []
     for name in args.dtype:
         rows += run(getattr(torch, name), args.batch, args.context, args.rounds)
-    lines = ["# Decode over 4 KiB pages and transparent huge pages", "",
-             f"- machine: {info['cpu']}, {info['usable_cores']} usable cores, torch threads "
-             f"{info['torch_threads']}; torch {info['torch']}; git {info['git_commit']}; {info['date']}",
-             f"- command: `{info['command']}`", "",
-             f"Hq = {HQ}, Hkv = {HKV}, D = {D}. Median of {args.rounds} calls in turn. huge MiB = the cache's "
-             "AnonHugePages (/proc/meminfo) after it was written; speed-up = the 4 KiB time / this time.", "",
-             markdown_table(["dtype", "B", "context", "cache", "huge MiB", "ms", "GB/s", "speed-up"], rows)]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_table_report("Decode over 4 KiB pages and transparent huge pages", info,
+                       f"Hq = {HQ}, Hkv = {HKV}, D = {D}. Median of {args.rounds} calls in turn. huge MiB = the "
+                       "cache's AnonHugePages (/proc/meminfo) after it was written; speed-up = the 4 KiB time / this "
+                       "time.",
+                       ["dtype", "B", "context", "cache", "huge MiB", "ms", "GB/s", "speed-up"], rows, args.out)
     return 0
 
 

@@ -11,13 +11,13 @@ item (decode_heads_per_item in csrc/attention/cpu/decode_cpu.cpp); in token-majo
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
-from reporting import markdown_table  # noqa: E402
+from reporting import print_table_report  # noqa: E402
+from timing import medians_in_turn  # noqa: E402
 
 attn_ops = machine.import_attn_ops()
 
@@ -34,17 +34,12 @@ def run(dtype: torch.dtype, batch: int, context: int, block: int, rounds: int) -
     token_major = [torch.randn(num_blocks, block, HKV, D, generator=g).to(dtype) for _ in range(2)]
     head_major = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in token_major]  # same values
     pools = {"token-major blocks": token_major, "head-major blocks": head_major}
-    times = {name: [] for name in pools}
-    for _ in range(rounds):  # in turn: the machine's drift hits both alike
-        for name, (k, v) in pools.items():
-            start = time.perf_counter()
-            attn_ops.attention_with_kvcache(q, k, v, lens, block_table=table)
-            times[name].append(time.perf_counter() - start)
+    medians = medians_in_turn({name: lambda k=k, v=v: attn_ops.attention_with_kvcache(q, k, v, lens, block_table=table)
+                               for name, (k, v) in pools.items()}, rounds)
     nbytes = 2 * batch * context * HKV * D * dtype.itemsize
-    base = sorted(times["token-major blocks"])[rounds // 2]
+    base = medians["token-major blocks"]
     rows = []
-    for name, samples in times.items():
-        median = sorted(samples)[rounds // 2]
+    for name, median in medians.items():
         rows.append([str(dtype).replace("torch.", ""), str(batch), str(context), str(block), name,
                      f"{median * 1e3:.1f}", f"{nbytes / median / 1e9:.1f}", f"{base / median:.2f}"])
     return rows
@@ -67,18 +62,10 @@ def main() -> int:
     for name in args.dtype:
         for bs in args.block_size:
             rows += run(getattr(torch, name), args.batch, args.context, bs, args.rounds)
-    lines = ["# Decode over paged caches: token-major and head-major blocks", "",
-             f"- machine: {info['cpu']}, {info['usable_cores']} usable cores, torch threads "
-             f"{info['torch_threads']}; torch {info['torch']}; git {info['git_commit']}; {info['date']}",
-             f"- command: `{info['command']}`", "",
-             f"Hq = {HQ}, Hkv = {HKV}, D = {D}, blocks in shuffled order, 4 KiB pages. Median of {args.rounds} "
-             "calls in turn. speed-up = the token-major time / this time.", "",
-             markdown_table(["dtype", "B", "context", "block", "pool", "ms", "GB/s", "speed-up"], rows)]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_table_report("Decode over paged caches: token-major and head-major blocks", info,
+                       f"Hq = {HQ}, Hkv = {HKV}, D = {D}, blocks in shuffled order, 4 KiB pages. Median of "
+                       f"{args.rounds} calls in turn. speed-up = the token-major time / this time.",
+                       ["dtype", "B", "context", "block", "pool", "ms", "GB/s", "speed-up"], rows, args.out)
     return 0
 
 

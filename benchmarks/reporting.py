@@ -147,6 +147,21 @@ def bw_line(label: str, row: dict, impls: list[str], diff_key: str, diff_name: s
             (f", {diff_name} {row[diff_key]:.1e}" if diff_key in row else ""))
 
 
+def print_table_report(title: str, info: dict, description: str, header: list[str], rows: list[list[str]],
+                       out: str | None) -> None:
+    """A one-table report of a small probe script: title, machine line (machine.machine_info("cpu")), command,
+    a description of the table, the table; printed, and written to `out` when given."""
+    lines = [f"# {title}", "",
+             f"- machine: {info['cpu']}, {info['usable_cores']} usable cores, torch threads "
+             f"{info['torch_threads']}; torch {info['torch']}; git {info['git_commit']}; {info['date']}",
+             f"- command: `{info['command']}`", "", description, "", markdown_table(header, rows)]
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
+
 def write_outputs(args, markdown: str, payload: dict, *, final: bool = True) -> None:
     """Writes --out (markdown) and --json (payload) when given; called after every case too
     (final=False, quiet), so a run stopped by an outer time limit leaves its results so far."""

@@ -64,6 +64,18 @@ def cpu_time_samples(fn: Callable[[], object], repeats: int) -> list[float]:
     return samples
 
 
+def medians_in_turn(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Host-clock median time of each call (CPU), the calls made in turn `rounds` times: the machine's drift
+    hits them alike, so their ratios hold on a shared machine."""
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: sorted(times)[rounds // 2] for name, times in samples.items()}
+
+
 def _timing(samples: list[float], result) -> dict:
     return {"median_s": statistics.median(samples), "min_s": min(samples), "n": len(samples),
             "samples": samples, "result": result}
