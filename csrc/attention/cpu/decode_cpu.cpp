@@ -86,14 +86,16 @@ int64_t decode_heads_per_item(const AttentionProblem& p, const KeyLayout& k_layo
   return head_contiguous && max_rows < kGemmDecodeRows ? 1 : p.heads_kv;
 }
 
-// Keys per tile of decode_rows (at most kDecodeChunk, which sizes the scratch). 16-bit caches take 32: a
-// tile's scores and row pointers are then half as much of the hot set that must stay in L1 while the cache
-// streams past (decode_heads_per_item), and bfloat16 decode ran 10-15% faster over a [B, Hkv, T, D] cache
-// (B=32 ctx 4096: 23.0-23.6 -> 24.1-28.3 GB/s; B=1 ctx 32768: 22.3-24.7 -> 26.5-26.8; BSHD within noise).
-// float32 keeps 64: 32 measured no faster, and each tile's softmax and setup cost 15% more per key (L1).
+// Keys per tile of decode_rows (at most kDecodeChunk, which sizes the scratch). 16-bit caches read one KV head per
+// item take 32: a tile's scores and row pointers are then half as much of the hot set that must stay in L1 while
+// the cache streams past (decode_heads_per_item), and bfloat16 decode ran 10-15% faster over a [B, Hkv, T, D]
+// cache (B=32 ctx 4096: 23.0-23.6 -> 24.1-28.3 GB/s; B=1 ctx 32768: 22.3-24.7 -> 26.5-26.8). Items of several
+// heads (BSHD) read each tile before computing on it (stream_tiles' staged reads) and take 64 in every dtype:
+// bfloat16 measured 2-7% faster than with 32. float32 keeps 64 everywhere: 32 measured no faster, and each
+// tile's softmax and setup cost 15% more per key (L1).
 template <typename scalar_t>
-constexpr int64_t decode_tile() {
-  return sizeof(scalar_t) == 2 ? kDecodeChunk / 2 : kDecodeChunk;
+int64_t decode_tile(int64_t heads_per_item) {
+  return sizeof(scalar_t) == 2 && heads_per_item == 1 ? kDecodeChunk / 2 : kDecodeChunk;
 }
 
 // Whether a sequence of len_q queries runs on the decode kernel: few query rows per KV head, or with one
@@ -173,7 +175,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.k_end = k_end;
         a.softcap = static_cast<acc_t>(p.softcap);
         const bool use_gemm = rows >= kGemmDecodeRows;
-        a.tile = use_gemm ? kGemmDecodeTile : decode_tile<scalar_t>();
+        a.tile = use_gemm ? kGemmDecodeTile : decode_tile<scalar_t>(Hkv);
         a.scores = s.scores.data();
         a.key_tile = s.key_tile.data();
         a.value_tile = s.value_tile.data();

@@ -247,9 +247,9 @@ inline void value_columns_tail(const acc_t* p, int64_t ldp, int64_t rows, const 
   }
 }
 
-// Asks for the cache lines of one row of n values, into L2 (a hint: no fault, no effect on the result). With
-// the cache's rows heads * dim apart (BSHD), one head's rows are kilobytes apart, a stride the hardware
-// prefetchers do not follow across pages; the kernels request each row one phase ahead. Into L2, not L1: a
+// Asks for the cache lines of one row of n values, into L2 (a hint: no fault, no effect on the result). Rows
+// that are not one run in memory (paged blocks, a head's rows heads * dim apart) break the hardware prefetchers'
+// streams at every jump; the kernels request them ahead (stream_tiles, decode_rows_gemm). Into L2, not L1: a
 // phase's rows (a tile of K or V) fill L1 and evicted the q rows and accumulators the kernel keeps there
 // (zen4_decode_overlap.md: float32 decode 1.1-1.4x faster than with prefetcht0; 16-bit caches and
 // decode_rows_gemm's tiles, bigger than L1, always took L2).
@@ -267,6 +267,19 @@ inline void prefetch_row(const scalar_t* row, int64_t n) {
 #endif
   }
 #endif
+}
+
+// Reads one byte of each cache line of a row of n values with plain loads, so the row is in the cache when the
+// kernel reaches it (stream_tiles' staged reads). The loads do not depend on each other: the core keeps many
+// misses in flight and the hardware prefetchers follow the run, where software prefetches of the same lines,
+// spread over the arithmetic, left most of the latency exposed on Zen 4.
+template <typename scalar_t>
+inline void touch_row(const scalar_t* row, int64_t n) {
+  constexpr int64_t kLine = 64;
+  const volatile char* bytes = reinterpret_cast<const volatile char*>(row);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(scalar_t)); off += kLine) {
+    (void)bytes[off];  // volatile: the compiler keeps the load
+  }
 }
 
 // The loop both row kernels share: key tiles outside, heads inside (a BSHD cache is then read in address
@@ -334,8 +347,18 @@ struct VecBlocks {
 // the hardware prefetchers follow within each page; a head-by-head walk touches a different page every
 // row. scores[heads, rows, n] = Q K^T for every head (blocks.scores), then the online softmax of every row,
 // then acc += P V head by head (blocks.values; acc [heads, rows, ld_acc], the blocks' output accumulators).
-// While one phase computes, the next one's rows are requested in address order (the values during the scores,
-// the next tile's keys during the values). Ends with acc normalized and a.lse set.
+// Ends with acc normalized and a.lse set.
+//
+// How the cache rows reach the core depends on the item:
+// - one KV head (its rows contiguous: a [B, Hkv, T, D] cache, head-major paged blocks): while one phase
+//   computes, the next one's rows are requested by software prefetch in address order (the values during the
+//   scores, the next tile's keys during the values);
+// - several KV heads (BSHD: each key's heads one run): staged reads. Each phase first reads its rows with
+//   plain loads (touch_row), then computes on them from L2, and each tile starts by requesting the first line
+//   of every run of the next tile, which gets its page walks and the hardware prefetchers going. On Zen 4 this
+//   read the BSHD cache 1.2-1.5x faster (float32) and 1.1-1.3x (bfloat16) than the prefetches spread over the
+//   arithmetic, whose misses stayed exposed; over one-head items it was 1.1-1.6x slower
+//   (zen4_decode_staged.md).
 template <typename scalar_t, typename acc_t, typename Blocks>
 void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, acc_t* acc, int64_t ld_acc) {
   constexpr int kRows = Blocks::kRowBlock;
@@ -352,16 +375,25 @@ void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, ac
                a.value_rows + buf * per_tile + head * tile);
     }
   };
-  // Requests row j (of every head) of a tile's rows `of`: one run of heads * dim values where the heads' rows of
-  // a key are contiguous (BSHD, paged blocks), else row by row.
-  const auto prefetch_rows = [&](const scalar_t* const* of, int64_t j, int64_t dim) {
+  // Calls f(run, values) for row j (of every head) of a tile's rows `of`: one run of heads * dim values where the
+  // heads' rows of a key are contiguous (BSHD, paged blocks), else each head's row.
+  const auto for_each_run = [&](const scalar_t* const* of, int64_t j, int64_t dim, const auto& f) {
     if (of[(heads - 1) * tile + j] == of[j] + (heads - 1) * dim) {
-      return prefetch_row(of[j], heads * dim);
+      return f(of[j], heads * dim);
     }
     for (int64_t head = 0; head < heads; ++head) {
-      prefetch_row(of[head * tile + j], dim);
+      f(of[head * tile + j], dim);
     }
   };
+  const auto prefetch_rows = [&](const scalar_t* const* of, int64_t j, int64_t dim) {
+    for_each_run(of, j, dim, [](const scalar_t* run, int64_t n) { prefetch_row(run, n); });
+  };
+  const auto touch_rows = [&](const scalar_t* const* of, int64_t n, int64_t dim) {
+    for (int64_t j = 0; j < n; ++j) {
+      for_each_run(of, j, dim, [](const scalar_t* run, int64_t m) { touch_row(run, m); });
+    }
+  };
+  const bool staged = heads > 1;
   if (a.k_begin < a.k_end) {
     locate_tile(a.k_begin, 0);
   }
@@ -371,15 +403,23 @@ void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, ac
     const scalar_t* const* keys = a.key_rows + buf * per_tile;
     const scalar_t* const* values = a.value_rows + buf * per_tile;
     const scalar_t* const* next_keys = a.key_rows + (buf ^ 1) * per_tile;
+    const scalar_t* const* next_values = a.value_rows + (buf ^ 1) * per_tile;
     if (n_next > 0) {
       locate_tile(k0 + n, buf ^ 1);
+    }
+    if (staged) {
+      for (int64_t j = 0; j < n_next; ++j) {
+        for_each_run(next_keys, j, Dqk, [](const scalar_t* run, int64_t) { prefetch_row(run, 1); });
+        for_each_run(next_values, j, Dv, [](const scalar_t* run, int64_t) { prefetch_row(run, 1); });
+      }
+      touch_rows(keys, n, Dqk);
     }
     // scores[head, r, j] = q[head, r] . key_j (times the softmax scale)
     for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
       with_block<kRows>(rows - r0, [&](auto rb) {
         constexpr int RB = decltype(rb)::value, KB = Blocks::template score_keys<RB>();
         for (int64_t j0 = 0; j0 < n; j0 += KB) {
-          if (r0 == 0) {
+          if (r0 == 0 && !staged) {
             for (int64_t j = j0; j < std::min(j0 + KB, n); ++j) {
               prefetch_rows(values, j, Dv);
             }
@@ -399,11 +439,14 @@ void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, ac
       online_softmax_step(a.scores + hr * tile, n, lo, hi, a.softcap, a.row_max[hr], a.row_sum[hr],
                           acc + hr * ld_acc, ld_acc);
     }
+    if (staged) {
+      touch_rows(values, n, Dv);
+    }
     // acc[head, r] += sum_j scores[head, r, j] * value_j, a head's whole tile at once (its accumulators are
-    // loaded and stored once per tile: per 8 keys they cost 4-13% more), while a slice of the next tile's keys
-    // is requested, in address order
+    // loaded and stored once per tile: per 8 keys they cost 4-13% more), while (one head per item) a slice of
+    // the next tile's keys is requested, in address order
     for (int64_t head = 0; head < heads; ++head) {
-      for (int64_t j = head * n_next / heads; j < (head + 1) * n_next / heads; ++j) {
+      for (int64_t j = head * n_next / heads; !staged && j < (head + 1) * n_next / heads; ++j) {
         prefetch_rows(next_keys, j, Dqk);
       }
       for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
