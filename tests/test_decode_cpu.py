@@ -128,14 +128,18 @@ def test_nan_reaches_only_its_rows(dtype, where, hq):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("block_size", [None, 1, 7, 16, 64], ids=lambda b: f"paged{b}" if b else "contiguous")
 @pytest.mark.parametrize("group", [1, 2, 3, 4])
-def test_streaming_tiles_every_head(dtype, block_size, group):
+@pytest.mark.parametrize("cache_layout", ["contiguous", "sliced", "transposed"])
+def test_streaming_tiles_every_head(dtype, block_size, group, cache_layout):
     """The streaming kernel walks each key tile of all KV heads key by key: lengths around the 64-key
-    tile (0, 1, 63, 64, 65, 130), paged block sizes that do and do not divide it, 3 KV heads, groups
-    whose 16 AVX-512 score accumulators are summed by one tree (1, 2, 4 rows) or one by one (3)."""
+    tile and the 32-key one of 16-bit one-head items (0, 1, 31, 33, 63, 64, 65, 130), paged block sizes that
+    do and do not divide them, 3 KV heads, groups whose 16 AVX-512 score accumulators are summed by one tree
+    (1, 2, 4 rows) or one by one (3). Cache layouts: BSHD, whose items take every head and read each key's
+    heads as one run (stream_tiles' staged reads); BSHD rows with a gap between heads ("sliced": the staged
+    reads go head by head); heads' rows contiguous ("transposed": one head per item, prefetched)."""
     torch.manual_seed(group * 100 + (block_size or 0))
-    lens = [0, 1, 63, 64, 65, 130]
+    lens = [0, 1, 31, 33, 63, 64, 65, 130]
     q, kc, vc, seqlens, bt = kvcache_inputs(len(lens), 1, 3 * group, 3, 64, 48, lens, dtype=dtype,
-                                            block_size=block_size)
+                                            block_size=block_size, cache_layout=cache_layout)
     check(q, kc, vc, seqlens, bt)
 
 
