@@ -10,12 +10,18 @@
 //     FMAs' 16, and the whole kernel ran 9% slower with it (L1-resident cache, one thread); on Zen 4 both take
 //     0.273 ns.
 //   - P V: float32 FMAs of the weights (float32, as the other dtypes) into accumulators whose columns stay in
-//     that order; rearranged into the natural order once, at the end (bf16_unpermute_row).
+//     that order; rearranged into the natural order once, at the end (bf16_unpermute_row). Where Q K^T runs on
+//     pairs, P V does too (bf16_value_block_pairs): the weights rounded to bfloat16, two keys' values
+//     interleaved in registers, half the instructions; on Zen 4 the kernel's arithmetic took 25% less time
+//     (decode_compute_probe.py, L1: 25.0 -> 18.7 ns per key and KV head) and decode ran 1.1x faster
+//     (zen4_decode_pairs_pv.md).
 // Any head dim: the last partial 32 columns are read with a masked load (zeros past the row's end).
 //
 // Included by decode_kernel.h (whose stream_tiles loop and helpers it uses), in the same namespace; AVX-512
 // copies only.
 #pragma once
+
+#include <cstring>
 
 #if defined(CPU_CAPABILITY_AVX512)
 
@@ -60,6 +66,7 @@ inline __m512 add_pair_products(__m512 acc, __m512i a, __m512i b) {
 // float32 FMAs on the widened even and odd elements, q (scaled) float32 in even / odd chunk order
 // (bf16_permute_row)...
 struct WidenedProducts {
+  static constexpr bool kPairValues = false;  // P V: float32 FMAs on widened values (bf16_value_block)
   using q_t = float;
   using QChunk = EvenOdd;
   static QChunk load_q(const float* q) { return {_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16)}; }
@@ -71,6 +78,7 @@ struct WidenedProducts {
 
 // ... or vdpbf16ps on the chunk as loaded, q (unscaled) bfloat16 in the natural order: one instruction, no widening.
 struct PairProducts {
+  static constexpr bool kPairValues = true;  // P V on pairs of keys too (bf16_value_block_pairs)
   using q_t = c10::BFloat16;
   using QChunk = __m512i;
   static QChunk load_q(const c10::BFloat16* q) { return _mm512_loadu_si512(q); }
@@ -155,10 +163,65 @@ inline void bf16_value_block(const float* p, int64_t ldp, const c10::BFloat16* c
   }
 }
 
-// dst[0, dim) = src (float32, dim rounded up to chunks, even / odd chunk order) in the natural order.
-inline void bf16_unpermute_row(const float* src, float* dst, int64_t dim) {
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+// The P V of bf16_value_block on pairs of keys (vdpbf16ps), p in bfloat16: o[r * ldo + chunk c] += sum_j
+// p[r * ldp + j] * value_j[chunk c], j < n; p [RB, ldp] zero at column n when n is odd. Each step takes keys j and
+// j + 1: vpunpcklwd / vpunpckhwd of their 32-column chunks put the two keys' values of columns {0-3, 8-11,
+// 16-19, 24-27} (lo) and {4-7, 12-15, 20-23, 28-31} (hi) side by side as pairs, and one vdpbf16ps per 16 columns
+// multiplies them by the broadcast pair (p_j, p_j+1): 16 instructions per key and 4 rows at a head dim of 128
+// against the widened path's 32 FMAs and 8 widenings. o keeps that pair order (bf16_unpermute_row).
+template <int RB, int NC, bool kMaskedLast>
+inline void bf16_value_block_pairs(const c10::BFloat16* p, int64_t ldp, const c10::BFloat16* const* values, int64_t n,
+                                   int64_t d0, __mmask32 mask, float* o, int64_t ldo) {
+  __m512 acc[RB][2 * NC];
+  ATTN_OPS_UNROLL
+  for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
+    for (int i = 0; i < 2 * NC; ++i) {
+      acc[r][i] = _mm512_loadu_ps(o + r * ldo + d0 + 16 * i);
+    }
+  }
+  const auto load = [&](const c10::BFloat16* row, int c) {
+    const c10::BFloat16* src = row + d0 + c * kBf16Chunk;
+    return kMaskedLast && c == NC - 1 ? load_chunk<true>(src, mask) : load_chunk<false>(src, mask);
+  };
+  for (int64_t j = 0; j < n; j += 2) {
+    __m512i lo[NC], hi[NC];
+    ATTN_OPS_UNROLL
+    for (int c = 0; c < NC; ++c) {
+      const __m512i first = load(values[j], c);
+      const __m512i second = j + 1 < n ? load(values[j + 1], c) : _mm512_setzero_si512();  // odd n: a zero key
+      lo[c] = _mm512_unpacklo_epi16(first, second);
+      hi[c] = _mm512_unpackhi_epi16(first, second);
+    }
+    ATTN_OPS_UNROLL
+    for (int r = 0; r < RB; ++r) {
+      int32_t pair;  // (p_j, p_j+1) as the low and high half of one 32-bit lane
+      std::memcpy(&pair, p + r * ldp + j, sizeof(pair));
+      const __m512i pr = _mm512_set1_epi32(pair);
+      ATTN_OPS_UNROLL
+      for (int c = 0; c < NC; ++c) {
+        acc[r][2 * c] = add_pair_products(acc[r][2 * c], pr, lo[c]);
+        acc[r][2 * c + 1] = add_pair_products(acc[r][2 * c + 1], pr, hi[c]);
+      }
+    }
+  }
+  ATTN_OPS_UNROLL
+  for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
+    for (int i = 0; i < 2 * NC; ++i) {
+      _mm512_storeu_ps(o + r * ldo + d0 + 16 * i, acc[r][i]);
+    }
+  }
+}
+
+// dst[0, dim) = src (float32, dim rounded up to chunks, in even / odd chunk order, or with pair_order in
+// bf16_value_block_pairs' order) in the natural order.
+inline void bf16_unpermute_row(const float* src, float* dst, int64_t dim, bool pair_order) {
+  // where the natural columns 0-15 (lo) and 16-31 (hi) of a chunk are in the two halves of its 32 values
+  const __m512i lo = pair_order ? _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23)
+                                : _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = pair_order ? _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31)
+                                : _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   for (int64_t d = 0; d < dim; d += kBf16Chunk) {
     const __m512 even = _mm512_loadu_ps(src + d), odd = _mm512_loadu_ps(src + d + 16);
     const int64_t rest = dim - d;
@@ -186,6 +249,7 @@ inline void bf16_permute_row(const float* src, float* dst, int64_t dim) {
 template <typename Products>
 struct Bf16Blocks {
   static constexpr int kRowBlock = 4;  // 4 rows x 2 chunks x (even, odd) = 16 P V accumulators
+  static constexpr int64_t kPairsLd = kDecodeChunk + 2;  // bfloat16 weights per row for the pairs (n + 1, even)
   const DecodeRows<c10::BFloat16, float>& a;
   float* acc;
   int64_t ld_acc;
@@ -208,13 +272,27 @@ struct Bf16Blocks {
               int64_t n) const {
     const int64_t Dv = a.dim_v, chunks = padded_to_chunks(Dv) / kBf16Chunk;
     float* o = acc + (head * a.rows + r0) * ld_acc;
+    // the weights in bfloat16 for the pairs (rounded as SDPA's and the prefill kernels' P), a zero after an odd n
+    c10::BFloat16 p_pairs[Products::kPairValues ? RB * kPairsLd : 1];
+    if constexpr (Products::kPairValues) {
+      TORCH_INTERNAL_ASSERT(n <= kDecodeChunk);
+      for (int r = 0; r < RB; ++r) {
+        convert_row(p + r * ldp, p_pairs + r * kPairsLd, n);
+        p_pairs[r * kPairsLd + n] = c10::BFloat16(0.f);
+      }
+    }
     const __mmask32 last = chunk_mask(Dv - (chunks - 1) * kBf16Chunk);
     const bool partial = Dv % kBf16Chunk != 0;
     for (int64_t c = 0; c < chunks; c += 2) {
       const int64_t d0 = c * kBf16Chunk;
       const bool masked = partial && c + 2 >= chunks;
       const auto run = [&](auto nc, auto m) {
-        bf16_value_block<RB, decltype(nc)::value, decltype(m)::value>(p, ldp, vrows, n, d0, last, o, ld_acc);
+        if constexpr (Products::kPairValues) {
+          bf16_value_block_pairs<RB, decltype(nc)::value, decltype(m)::value>(p_pairs, kPairsLd, vrows, n, d0, last,
+                                                                              o, ld_acc);
+        } else {
+          bf16_value_block<RB, decltype(nc)::value, decltype(m)::value>(p, ldp, vrows, n, d0, last, o, ld_acc);
+        }
       };
       if (c + 1 < chunks) {
         masked ? run(std::integral_constant<int, 2>{}, std::true_type{})
@@ -242,6 +320,7 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
   const int64_t ld_q = padded_to_chunks(Dqk), ld_acc = padded_to_chunks(Dv);
   float* acc = a.stream_scratch;            // [heads, rows, ld_acc]
   float* q_perm = acc + all_rows * ld_acc;  // [heads, rows, ld_q]
+  bool pair_values = false;                 // the order acc's columns are in (bf16_unpermute_row)
   if (decode_scores_on_pairs() && multiply_unscaled_q(a.scale)) {
     // q as the caller gave it: a.q / a.scale restores its bfloat16 values, the scale goes on the sums
     auto* q_pairs = reinterpret_cast<c10::BFloat16*>(q_perm);  // [heads, rows, ld_q], half of q_perm's bytes
@@ -251,6 +330,7 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
       }
     }
     stream_tiles(a, Bf16Blocks<PairProducts>{a, acc, ld_acc, q_pairs, a.scale}, acc, ld_acc);
+    pair_values = PairProducts::kPairValues;
   } else {
     for (int64_t r = 0; r < all_rows; ++r) {
       bf16_permute_row(a.q + r * Dqk, q_perm + r * ld_q, Dqk);
@@ -258,7 +338,7 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
     stream_tiles(a, Bf16Blocks<WidenedProducts>{a, acc, ld_acc, q_perm, 1.f}, acc, ld_acc);
   }
   for (int64_t r = 0; r < all_rows; ++r) {
-    bf16_unpermute_row(acc + r * ld_acc, a.out + r * Dv, Dv);
+    bf16_unpermute_row(acc + r * ld_acc, a.out + r * Dv, Dv, pair_values);
   }
 }
 
