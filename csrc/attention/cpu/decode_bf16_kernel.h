@@ -124,19 +124,29 @@ inline void chunk_score_block(const typename Products::q_t* q, int64_t ldq, int6
   store_lane_sums<RB, KB>(acc, s, lds, scale);
 }
 
+// Loads (or stores) the P V blocks' RB x N accumulators: row r, vector i at o[r * ldo + 16 * i].
+template <int RB, int N>
+inline void block_accumulators(float* o, int64_t ldo, __m512 (&acc)[RB][N], bool store) {
+  ATTN_OPS_UNROLL
+  for (int r = 0; r < RB; ++r) {
+    ATTN_OPS_UNROLL
+    for (int i = 0; i < N; ++i) {
+      if (store) {
+        _mm512_storeu_ps(o + r * ldo + 16 * i, acc[r][i]);
+      } else {
+        acc[r][i] = _mm512_loadu_ps(o + r * ldo + 16 * i);
+      }
+    }
+  }
+}
+
 // o[r * ldo + chunk c] += sum_j p[r * ldp + j] * value_j[chunk c] for RB rows, NC chunks from column d0 (a
 // multiple of 32), j < n; o in even / odd chunk order. kMaskedLast: the last chunk is partial (its `mask`).
 template <int RB, int NC, bool kMaskedLast>
 inline void bf16_value_block(const float* p, int64_t ldp, const c10::BFloat16* const* values, int64_t n, int64_t d0,
                              __mmask32 mask, float* o, int64_t ldo) {
   __m512 acc[RB][2 * NC];
-  ATTN_OPS_UNROLL
-  for (int r = 0; r < RB; ++r) {
-    ATTN_OPS_UNROLL
-    for (int i = 0; i < 2 * NC; ++i) {
-      acc[r][i] = _mm512_loadu_ps(o + r * ldo + d0 + 16 * i);
-    }
-  }
+  block_accumulators<RB, 2 * NC>(o + d0, ldo, acc, /*store=*/false);
   for (int64_t j = 0; j < n; ++j) {
     EvenOdd v[NC];
     ATTN_OPS_UNROLL
@@ -154,13 +164,7 @@ inline void bf16_value_block(const float* p, int64_t ldp, const c10::BFloat16* c
       }
     }
   }
-  ATTN_OPS_UNROLL
-  for (int r = 0; r < RB; ++r) {
-    ATTN_OPS_UNROLL
-    for (int i = 0; i < 2 * NC; ++i) {
-      _mm512_storeu_ps(o + r * ldo + d0 + 16 * i, acc[r][i]);
-    }
-  }
+  block_accumulators<RB, 2 * NC>(o + d0, ldo, acc, /*store=*/true);
 }
 
 // The P V of bf16_value_block on pairs of keys (vdpbf16ps), p in bfloat16: o[r * ldo + chunk c] += sum_j
@@ -173,13 +177,7 @@ template <int RB, int NC, bool kMaskedLast>
 inline void bf16_value_block_pairs(const c10::BFloat16* p, int64_t ldp, const c10::BFloat16* const* values, int64_t n,
                                    int64_t d0, __mmask32 mask, float* o, int64_t ldo) {
   __m512 acc[RB][2 * NC];
-  ATTN_OPS_UNROLL
-  for (int r = 0; r < RB; ++r) {
-    ATTN_OPS_UNROLL
-    for (int i = 0; i < 2 * NC; ++i) {
-      acc[r][i] = _mm512_loadu_ps(o + r * ldo + d0 + 16 * i);
-    }
-  }
+  block_accumulators<RB, 2 * NC>(o + d0, ldo, acc, /*store=*/false);
   const auto load = [&](const c10::BFloat16* row, int c) {
     const c10::BFloat16* src = row + d0 + c * kBf16Chunk;
     return kMaskedLast && c == NC - 1 ? load_chunk<true>(src, mask) : load_chunk<false>(src, mask);
@@ -205,13 +203,7 @@ inline void bf16_value_block_pairs(const c10::BFloat16* p, int64_t ldp, const c1
       }
     }
   }
-  ATTN_OPS_UNROLL
-  for (int r = 0; r < RB; ++r) {
-    ATTN_OPS_UNROLL
-    for (int i = 0; i < 2 * NC; ++i) {
-      _mm512_storeu_ps(o + r * ldo + d0 + 16 * i, acc[r][i]);
-    }
-  }
+  block_accumulators<RB, 2 * NC>(o + d0, ldo, acc, /*store=*/true);
 }
 
 // dst[0, dim) = src (float32, dim rounded up to chunks, in even / odd chunk order, or with pair_order in
