@@ -145,9 +145,10 @@ def test_streaming_tiles_every_head(dtype, block_size, group, cache_layout):
 
 @pytest.fixture(params=["pairs", "float32"])
 def bf16_score_products(request, monkeypatch):
-    """The bfloat16 streaming kernel's two Q K^T paths (decode_bf16_kernel.h): vdpbf16ps on pairs where the CPU
-    has AVX512-BF16 and no AMX (ATTN_OPS_CPU_AMX=0 stands in for "no AMX"), float32 FMAs on widened keys
-    otherwise (ATTN_OPS_CPU_AVX512BF16=0). On a CPU without AVX512-BF16 both run the FMAs."""
+    """The bfloat16 streaming kernel's two paths (decode_bf16_kernel.h): Q K^T and P V with vdpbf16ps on pairs
+    where the CPU has AVX512-BF16 and no AMX (ATTN_OPS_CPU_AMX=0 stands in for "no AMX"), float32 FMAs on
+    widened keys and values otherwise (ATTN_OPS_CPU_AVX512BF16=0). On a CPU without AVX512-BF16 both run the
+    FMAs."""
     monkeypatch.setenv("ATTN_OPS_CPU_AMX", "0")
     monkeypatch.setenv("ATTN_OPS_CPU_AVX512BF16", "1" if request.param == "pairs" else "0")
     return request.param
