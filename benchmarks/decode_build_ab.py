@@ -1,4 +1,4 @@
-"""Two builds of attn_ops compared on the CPU decode, in turn: each round runs every build once, in a fresh
+"""Two builds of attn_ops compared on the CPU decode (GQA and MLA), in turn: each round runs every build once, in a fresh
 process, over the same cases, and reports per case the median over rounds of each build's median call time,
 with the copy bandwidth each process measured next to its calls.
 
@@ -10,11 +10,14 @@ holds an `attn_ops` package with its compiled library (a copy of the repository'
   python benchmarks/decode_build_ab.py old=/tmp/ab/old new=. --dtype bfloat16 float32 \\
       --layout bshd paged16 bhtd paged16hm --rounds 5
 
-Layouts (GQA 32/8, D=128, every row at the full context):
+Layouts (GQA --hq / 8, D=128, every row at the full context; MLA: --hq heads, kv_lora_rank 512 + rope 64):
   bshd      a contiguous [B, T, Hkv, D] cache (the op's own layout, a tensor of the user's)
   bhtd      a [B, Hkv, T, D] cache passed as its .transpose(1, 2) view (HF's layout; KVCache's on the CPU)
   paged16   [num_blocks, 16, Hkv, D] blocks under a shuffled block table
   paged16hm [num_blocks, Hkv, 16, D] blocks passed as .transpose(1, 2) views (PagedKVCache's on the CPU)
+  mla       attn_ops.mla_decode over a contiguous [B, T, 576] latent cache
+
+  python benchmarks/decode_build_ab.py old=/tmp/ab/old new=. --layout mla --hq 16 --batch 16
 """
 
 import argparse
@@ -25,8 +28,9 @@ import subprocess
 import sys
 import time
 
-LAYOUTS = ("bshd", "bhtd", "paged16", "paged16hm")
-HQ, HKV, D, BLOCK = 32, 8, 128, 16
+LAYOUTS = ("bshd", "bhtd", "paged16", "paged16hm", "mla")
+HKV, D, BLOCK = 8, 128, 16
+MLA_RANK, MLA_ROPE = 512, 64
 
 
 def cache(layout, dtype, batch, context):
@@ -48,19 +52,27 @@ def cache(layout, dtype, batch, context):
 
 
 def time_case(attn_ops, case, repeats):
-    """The median call time of one case "dtype:layout:batch:context", with the copy bandwidth measured in turn."""
+    """The median call time of one case "dtype:layout:batch:context:hq", with the copy bandwidth measured in turn."""
     import torch
 
-    dtype_name, layout, batch, context = case.split(":")
-    dtype, batch, context = getattr(torch, dtype_name), int(batch), int(context)
-    k, v, table = cache(layout, dtype, batch, context)
-    q = torch.empty(batch, 1, HQ, D, dtype=dtype).uniform_(-1, 1)
+    dtype_name, layout, batch, context, hq = case.split(":")
+    dtype, batch, context, hq = getattr(torch, dtype_name), int(batch), int(context), int(hq)
     lens = torch.full((batch,), context, dtype=torch.int32)
-    nbytes = 2 * batch * context * HKV * D * dtype.itemsize
+    if layout == "mla":
+        latent = torch.empty(batch, context, MLA_RANK + MLA_ROPE, dtype=dtype).uniform_(-1, 1)
+        q_latent = torch.empty(batch, 1, hq, MLA_RANK, dtype=dtype).uniform_(-1, 1)
+        q_rope = torch.empty(batch, 1, hq, MLA_ROPE, dtype=dtype).uniform_(-1, 1)
+        nbytes = latent.numel() * dtype.itemsize
+        # DeepSeek-V3's softmax scale (its q/k head dim is 192)
+        ours = lambda: attn_ops.mla_decode(q_latent, q_rope, latent, lens, scale=192 ** -0.5)
+    else:
+        k, v, table = cache(layout, dtype, batch, context)
+        q = torch.empty(batch, 1, hq, D, dtype=dtype).uniform_(-1, 1)
+        nbytes = 2 * batch * context * HKV * D * dtype.itemsize
+        ours = lambda: attn_ops.attention_with_kvcache(q, k, v, lens, block_table=table)
     src = torch.empty(nbytes // 4).uniform_()
     dst = torch.empty_like(src)
-    calls = {"ours": lambda: attn_ops.attention_with_kvcache(q, k, v, lens, block_table=table),
-             "copy": lambda: dst.copy_(src)}
+    calls = {"ours": ours, "copy": lambda: dst.copy_(src)}
     samples = {name: [] for name in calls}
     for call in calls.values():
         call()  # warm-up
@@ -92,6 +104,7 @@ def main():
     p.add_argument("--layout", nargs="+", default=["bshd"], choices=LAYOUTS)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--hq", type=int, default=32, help="query heads (GQA: over 8 KV heads; MLA: the heads)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=7, help="calls per case and process")
     p.add_argument("--seed", type=int, default=0)
@@ -103,7 +116,7 @@ def main():
     builds = dict(b.split("=", 1) for b in args.builds)
     if len(builds) < 2:
         p.error("name two or more builds as name=folder")
-    cases = [f"{d}:{layout}:{args.batch}:{args.context}" for d in args.dtype for layout in args.layout]
+    cases = [f"{d}:{layout}:{args.batch}:{args.context}:{args.hq}" for d in args.dtype for layout in args.layout]
     runs = {name: [] for name in builds}
     for _ in range(args.rounds):
         for name, folder in builds.items():
@@ -113,18 +126,20 @@ def main():
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     first = next(iter(builds))
     print(f"command: python benchmarks/decode_build_ab.py {' '.join(args.builds)} --dtype {' '.join(args.dtype)} "
-          f"--layout {' '.join(args.layout)} --batch {args.batch} --context {args.context} --rounds {args.rounds} "
+          f"--layout {' '.join(args.layout)} --batch {args.batch} --context {args.context} --hq {args.hq} "
+          f"--rounds {args.rounds} "
           f"--repeats {args.repeats}")
     for name in builds:
         print(f"{name}: {runs[name][0]['attn_ops']}")
-    print(f"\nGQA {HQ}/{HKV}, D={D}, B={args.batch}, context {args.context}. Cells: median over {args.rounds} rounds "
+    print(f"\nGQA {args.hq}/{HKV}, D={D} (MLA: {args.hq} heads, {MLA_RANK} + {MLA_ROPE}), B={args.batch}, context "
+          f"{args.context}. Cells: median over {args.rounds} rounds "
           f"of the call's median time, GB/s of cache read, % of the copy bandwidth its process measured "
           f"(bytes read + written); ratio: {first}'s time / the build's.\n")
     names = list(builds)
     print("| dtype | layout | " + " | ".join(names) + " | " + " | ".join(f"{first}/{n}" for n in names[1:]) + " |")
     print("|---|---|" + "---|" * (2 * len(names) - 1))
     for case in cases:
-        dtype_name, layout, _, _ = case.split(":")
+        dtype_name, layout = case.split(":")[:2]
         cells, times = [], {}
         for name in names:
             rs = [r["results"][case] for r in runs[name]]

@@ -186,12 +186,35 @@ inline void fma_values(const float* p, int64_t ldp, int64_t rows, const scalar_t
   value_columns_tail(p, ldp, rows, values, n, d_vec, dim_v, out, dim_v);
 }
 
-// fma_scores' prefetch for a tile of n keys whose rows, and the next tile's n_next, a.locate put in a.key_rows /
-// a.value_rows: the next tile's rows (as many as this tile has) into L2, block by block.
+// How the rows of a tile of n keys reach fma_scores, the next tile's n_next rows being in a.key_rows / a.value_rows
+// after this tile's (a.locate); returns fma_scores' prefetch. Where a tile's rows are adjacent in memory (MLA's
+// latent rows, a KV head of a [B, Hkv, T, D] cache, paged blocks), staged reads as in stream_tiles: the first
+// line of each of the next tile's rows requested now, this tile's rows read by plain loads before the products
+// (Zen 4, builds in turn: MLA B=16 H=16 1.09x float32 / 1.05x bfloat16, H=128 1.02x; GQA 64/8 over [B, Hkv, T, D]
+// 1.17-1.21x; zen4_decode_gemm_staged.md). Elsewhere (a KV head of a BSHD cache, its rows Hkv * D apart, where
+// the staged reads were 1.1-1.2x slower) the next tile's rows are requested into L2 block by block during the
+// scores.
 template <typename scalar_t>
-auto next_tile_prefetch(const DecodeRows<scalar_t, float>& a, int64_t n, int64_t n_next) {
-  return [&a, n, n_next](int64_t j0, int64_t len) {
-    for (int64_t j = n + j0; j < std::min(n + j0 + len, n + n_next); ++j) {
+auto tile_reads(const DecodeRows<scalar_t, float>& a, int64_t n, int64_t n_next) {
+  const bool values_apart = a.value_rows[0] != a.key_rows[0];
+  const bool staged = n > 1 && a.key_rows[1] == a.key_rows[0] + a.dim_qk &&
+                      (!values_apart || a.value_rows[1] == a.value_rows[0] + a.dim_v);
+  if (staged) {
+    for (int64_t j = n; j < n + n_next; ++j) {
+      prefetch_row(a.key_rows[j], 1);
+      if (values_apart) {
+        prefetch_row(a.value_rows[j], 1);
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      touch_row(a.key_rows[j], a.dim_qk);
+      if (values_apart) {
+        touch_row(a.value_rows[j], a.dim_v);
+      }
+    }
+  }
+  return [&a, n, n_next, staged](int64_t j0, int64_t len) {
+    for (int64_t j = n + j0; !staged && j < std::min(n + j0 + len, n + n_next); ++j) {
       prefetch_row(a.key_rows[j], a.dim_qk);
       if (a.value_rows[j] != a.key_rows[j]) {
         prefetch_row(a.value_rows[j], a.dim_v);
@@ -239,6 +262,7 @@ void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
   const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
     const int64_t n_next = std::min(a.tile, a.k_end - k0 - n);
     a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
+    const auto prefetch = tile_reads(a, n, n_next);
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool shared = values_in_keys(a, n);
       for (int64_t j = 0; j < n; ++j) {
@@ -250,8 +274,7 @@ void decode_rows_fma(const DecodeRows<scalar_t, float>& a) {
         converted_values[j] = shared ? converted_keys[j] : a.value_tile + j * Dv;
       }
     }
-    fma_scores<FloatPanel>(a.q_t + head * Dqk * hp, rows, Dqk, key_rows, n, a.scores, a.tile,
-                           next_tile_prefetch(a, n, n_next));
+    fma_scores<FloatPanel>(a.q_t + head * Dqk * hp, rows, Dqk, key_rows, n, a.scores, a.tile, prefetch);
   };
   const auto values = [&](int64_t head, int64_t n) {
     fma_values(a.scores, a.tile, rows, value_rows, n, Dv, a.out + head * rows * Dv);
@@ -293,7 +316,7 @@ void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
     const int64_t n_next = std::min(tile, a.k_end - k0 - n);
     a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
     fma_scores<Bf16PairPanel>(q_pairs + head * Dqk * hp, rows, Dqk, a.key_rows, n, a.scores, tile,
-                              next_tile_prefetch(a, n, n_next));
+                              tile_reads(a, n, n_next));
     if (unscaled) {
       for (int64_t r = 0; r < rows; ++r) {
         scale_row(a.scores + r * tile, n, a.scale);
