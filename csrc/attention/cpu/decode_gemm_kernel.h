@@ -190,10 +190,10 @@ inline void fma_values(const float* p, int64_t ldp, int64_t rows, const scalar_t
 // after this tile's (a.locate); returns fma_scores' prefetch. Where a tile's rows are adjacent in memory (MLA's
 // latent rows, a KV head of a [B, Hkv, T, D] cache, paged blocks), staged reads as in stream_tiles: the first
 // line of each of the next tile's rows requested now, this tile's rows read by plain loads before the products
-// (Zen 4, builds in turn: MLA B=16 H=16 1.09x float32 / 1.05x bfloat16, H=128 1.02x; GQA 64/8 over [B, Hkv, T, D]
-// 1.17-1.21x; zen4_decode_gemm_staged.md). Elsewhere (a KV head of a BSHD cache, its rows Hkv * D apart, where
-// the staged reads were 1.1-1.2x slower) the next tile's rows are requested into L2 block by block during the
-// scores.
+// (Zen 4, builds in turn: MLA B=16 H=16 1.12x bfloat16 / 1.06x float32, H=128 no change; GQA 64/8 over [B, Hkv,
+// T, D] 1.23x float32 / 1.03x bfloat16; zen4_decode_gemm_staged.md). Elsewhere (a KV head of a BSHD cache, its
+// rows Hkv * D apart, where the staged reads were 1.1-1.16x slower) the next tile's rows are requested into L2
+// block by block during the scores.
 template <typename scalar_t>
 auto tile_reads(const DecodeRows<scalar_t, float>& a, int64_t n, int64_t n_next) {
   const bool values_apart = a.value_rows[0] != a.key_rows[0];
