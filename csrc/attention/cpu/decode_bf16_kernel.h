@@ -312,8 +312,9 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
   const int64_t ld_q = padded_to_chunks(Dqk), ld_acc = padded_to_chunks(Dv);
   float* acc = a.stream_scratch;            // [heads, rows, ld_acc]
   float* q_perm = acc + all_rows * ld_acc;  // [heads, rows, ld_q]
-  bool pair_values = false;                 // the order acc's columns are in (bf16_unpermute_row)
-  if (decode_scores_on_pairs() && multiply_unscaled_q(a.scale)) {
+  // Q K^T and P V on pairs (which also sets the order of acc's columns: bf16_unpermute_row)
+  const bool pairs = decode_scores_on_pairs() && multiply_unscaled_q(a.scale);
+  if (pairs) {
     // q as the caller gave it: a.q / a.scale restores its bfloat16 values, the scale goes on the sums
     auto* q_pairs = reinterpret_cast<c10::BFloat16*>(q_perm);  // [heads, rows, ld_q], half of q_perm's bytes
     for (int64_t r = 0; r < all_rows; ++r) {
@@ -322,7 +323,6 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
       }
     }
     stream_tiles(a, Bf16Blocks<PairProducts>{a, acc, ld_acc, q_pairs, a.scale}, acc, ld_acc);
-    pair_values = PairProducts::kPairValues;
   } else {
     for (int64_t r = 0; r < all_rows; ++r) {
       bf16_permute_row(a.q + r * Dqk, q_perm + r * ld_q, Dqk);
@@ -330,7 +330,7 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
     stream_tiles(a, Bf16Blocks<WidenedProducts>{a, acc, ld_acc, q_perm, 1.f}, acc, ld_acc);
   }
   for (int64_t r = 0; r < all_rows; ++r) {
-    bf16_unpermute_row(acc + r * ld_acc, a.out + r * Dv, Dv, pair_values);
+    bf16_unpermute_row(acc + r * ld_acc, a.out + r * Dv, Dv, pairs);
   }
 }
 

@@ -95,7 +95,7 @@ int64_t decode_heads_per_item(const AttentionProblem& p, const KeyLayout& k_layo
 // tile's softmax and setup cost 15% more per key (L1).
 template <typename scalar_t>
 int64_t decode_tile(int64_t heads_per_item) {
-  return sizeof(scalar_t) == 2 && heads_per_item == 1 ? kDecodeChunk / 2 : kDecodeChunk;
+  return sizeof(scalar_t) == 2 && !staged_tile_reads(heads_per_item) ? kDecodeChunk / 2 : kDecodeChunk;
 }
 
 // Whether a sequence of len_q queries runs on the decode kernel: few query rows per KV head, or with one

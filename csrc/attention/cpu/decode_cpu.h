@@ -26,6 +26,12 @@ inline int64_t padded_to_chunks(int64_t dim) { return (dim + 31) / 32 * 32; }
 // decode_rows_gemm's query rows rounded up to whole AVX-512 vectors / AMX tile rows (16).
 inline int64_t gemm_rows_padded(int64_t rows) { return (rows + 15) / 16 * 16; }
 
+// Whether the streaming kernel reads each key tile before computing on it (stream_tiles' staged reads): items of
+// several KV heads (BSHD), where a tile is one run of every head's row per key. Items of one KV head (its rows
+// contiguous, decode_heads_per_item) prefetch while they compute instead. The driver sizes tiles by the same rule
+// (decode_cpu.cpp: decode_tile).
+inline bool staged_tile_reads(int64_t heads_per_item) { return heads_per_item > 1; }
+
 // One work item of the decode kernel: all query rows of `heads` KV heads from kv_head on, of one sequence,
 // over keys [k_begin, k_end). Row r of a KV head g is query position r / group of head g * group + r % group;
 // the per-row arrays hold the heads one after another ([heads, rows, ...]).

@@ -393,7 +393,7 @@ void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, ac
       for_each_run(of, j, dim, [](const scalar_t* run, int64_t m) { touch_row(run, m); });
     }
   };
-  const bool staged = heads > 1;
+  const bool staged = staged_tile_reads(heads);  // else heads == 1
   if (a.k_begin < a.k_end) {
     locate_tile(a.k_begin, 0);
   }
@@ -441,14 +441,14 @@ void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, ac
     }
     if (staged) {
       touch_rows(values, n, Dv);
-    }
-    // acc[head, r] += sum_j scores[head, r, j] * value_j, a head's whole tile at once (its accumulators are
-    // loaded and stored once per tile: per 8 keys they cost 4-13% more), while (one head per item) a slice of
-    // the next tile's keys is requested, in address order
-    for (int64_t head = 0; head < heads; ++head) {
-      for (int64_t j = head * n_next / heads; !staged && j < (head + 1) * n_next / heads; ++j) {
+    } else {  // one head: the next tile's keys are requested, in address order, while its values are multiplied
+      for (int64_t j = 0; j < n_next; ++j) {
         prefetch_rows(next_keys, j, Dqk);
       }
+    }
+    // acc[head, r] += sum_j scores[head, r, j] * value_j, a head's whole tile at once (its accumulators are
+    // loaded and stored once per tile: per 8 keys they cost 4-13% more)
+    for (int64_t head = 0; head < heads; ++head) {
       for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
         with_block<kRows>(rows - r0, [&](auto rb) {
           blocks.template values<decltype(rb)::value>(head, r0, a.scores + (head * rows + r0) * tile, tile,
