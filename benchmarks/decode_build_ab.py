@@ -26,7 +26,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+from cli import add_decode_sweep_args
+from timing import medians_in_turn
 
 LAYOUTS = ("bshd", "bhtd", "paged16", "paged16hm", "mla")
 HKV, D, BLOCK = 8, 128, 16
@@ -73,15 +75,10 @@ def time_case(attn_ops, case, repeats):
     src = torch.empty(nbytes // 4).uniform_()
     dst = torch.empty_like(src)
     calls = {"ours": ours, "copy": lambda: dst.copy_(src)}
-    samples = {name: [] for name in calls}
     for call in calls.values():
         call()  # warm-up
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            samples[name].append(time.perf_counter() - start)
-    ours, copy = statistics.median(samples["ours"]), statistics.median(samples["copy"])
+    medians = medians_in_turn(calls, repeats)
+    ours, copy = medians["ours"], medians["copy"]
     return {"ours_s": ours, "gbs": nbytes / ours / 1e9, "copy_gbs": 2 * nbytes / copy / 1e9}
 
 
@@ -100,12 +97,9 @@ def worker(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("builds", nargs="*", help="name=folder holding a built attn_ops package (two or more)")
-    p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float16", "float32"])
+    add_decode_sweep_args(p, rounds=5)
     p.add_argument("--layout", nargs="+", default=["bshd"], choices=LAYOUTS)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--context", type=int, default=4096)
     p.add_argument("--hq", type=int, default=32, help="query heads (GQA: over 8 KV heads; MLA: the heads)")
-    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=7, help="calls per case and process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -120,8 +114,8 @@ def main():
     runs = {name: [] for name in builds}
     for _ in range(args.rounds):
         for name, folder in builds.items():
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", os.path.abspath(folder), "--repeats", str(args.repeats),
-                   "--seed", str(args.seed), "--cases", *cases]
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", os.path.abspath(folder),
+                   "--repeats", str(args.repeats), "--seed", str(args.seed), "--cases", *cases]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd="/").stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     first = next(iter(builds))

@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
+from cli import add_decode_sweep_args  # noqa: E402
 from reporting import print_table_report  # noqa: E402
 from timing import medians_in_turn  # noqa: E402
 
@@ -47,11 +48,8 @@ def run(dtype: torch.dtype, batch: int, context: int, block: int, rounds: int) -
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--context", type=int, default=4096)
+    add_decode_sweep_args(p, rounds=7)
     p.add_argument("--block-size", type=int, nargs="+", default=[4, 16, 64, 256])
-    p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--out", help="write the markdown report here too")
     args = p.parse_args()
     for bs in args.block_size:
