@@ -36,7 +36,7 @@ def run(device, dtype, *, batch=4, prompt=256, new_tokens=32, dim=512, heads=8, 
         t2 = time.perf_counter()
     err = (torch.cat(steps, 1).float() - full.float()).abs().max().item()
     tol = 1e-3 if dtype == torch.float32 else 5e-2
-    state_bytes = pool.states[:, 0].numel() * pool.states.element_size()
+    state_bytes = sum(p[0].numel() * p.element_size() for p in pool.states)
     kv_bytes = layers * 2 * heads * head_dim * torch.finfo(dtype).bits // 8 * (prompt + new_tokens)
     print(f"MiniMax-style lightning attention: {layers} LightningAttention layers (dim {dim}, {heads} heads of "
           f"{head_dim}), batch {batch}")

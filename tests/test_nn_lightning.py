@@ -8,7 +8,6 @@ from transformers import MiniMaxConfig
 from transformers.models.minimax.modeling_minimax import MiniMaxCache
 from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention as HFLightning
 
-import attn_ops
 from attn_ops.nn import LightningAttention, LinearAttentionState, OutOfSlotsError
 
 HIDDEN, HEADS, HEAD_DIM, LAYERS, HF_BLOCK = 32, 4, 8, 4, 16
@@ -76,25 +75,38 @@ def test_module_is_differentiable():
 
 def test_state_pool_allocate_free_reset_reorder():
     pool = LinearAttentionState(2, 3, HEADS, HEAD_DIM, 6)
-    assert pool.states.shape == (2, 3, HEADS, HEAD_DIM, 6)
+    assert pool.num_layers == 2 and [p.shape for p in pool.states] == [(3, HEADS, HEAD_DIM, 6)] * 2
+    assert pool.states[0].data_ptr() != pool.states[1].data_ptr() and pool.layer(1) is pool.states[1]
     a = pool.allocate(2)
     assert a.dtype == torch.int32 and a.tolist() == [0, 1]
     with pytest.raises(OutOfSlotsError, match=r"^LinearAttentionState.allocate: 2 slots requested, 1 free of 3$"):
         pool.allocate(2)
-    pool.states.normal_()
-    before = pool.states.clone()
+    for p in pool.states:
+        p.normal_()
+    before = [p.clone() for p in pool.states]
     pool.reorder([0, 1], [1, 1])  # beam search: both beams continue beam 1
-    assert torch.equal(pool.states[:, 0], before[:, 1]) and torch.equal(pool.states[:, 1], before[:, 1])
+    for p, b in zip(pool.states, before):
+        assert torch.equal(p[0], b[1]) and torch.equal(p[1], b[1]) and torch.equal(p[2], b[2])
     pool.reset([0])
-    assert (pool.states[:, 0] == 0).all() and torch.equal(pool.states[:, 2], before[:, 2])
+    for p, b in zip(pool.states, before):
+        assert (p[0] == 0).all() and torch.equal(p[1], b[1]) and torch.equal(p[2], b[2])
     pool.free(a)
     with pytest.raises(ValueError, match=r"^LinearAttentionState.free: slots \[0\] are not allocated$"):
         pool.free([0])
-    assert pool.allocate(3).tolist() == [2, 0, 1] and (pool.states == 0).all()
+    assert pool.allocate(3).tolist() == [2, 0, 1] and all((p == 0).all() for p in pool.states)
     with pytest.raises(ValueError, match=r"^LinearAttentionState.free: slots \[1\] are given more than once$"):
         pool.free([1, 1])  # freed twice, slot 1 would go to two sequences
     pool.free([1, 2])
     assert pool.allocate(2).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("arg, value", [("num_layers", 0), ("num_slots", 0), ("num_heads", -1), ("head_dim", 2.0),
+                                        ("head_dim_v", 0), ("head_dim_v", True)])
+def test_state_pool_rejects_bad_sizes(arg, value):
+    kw = dict(num_layers=2, num_slots=3, num_heads=HEADS, head_dim=HEAD_DIM, head_dim_v=None)
+    kw[arg] = value
+    with pytest.raises(ValueError, match=rf"^{arg} must be an int >= 1, got {value!r}$"):
+        LinearAttentionState(**kw)
 
 
 def test_decode_step_compiles_fullgraph():
@@ -108,4 +120,30 @@ def test_decode_step_compiles_fullgraph():
         for _ in range(3):
             x = torch.randn(2, 1, HIDDEN)
             torch.testing.assert_close(step(x, pool.layer(0)), mod(x, state=pool_ref, state_indices=slots))
-    torch.testing.assert_close(pool.states, pool_ref.states)
+    torch.testing.assert_close(pool.layer(0), pool_ref.layer(0))
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_layer_stack_decode_compiles_with_one_pool(dynamic):
+    # Every layer after the first advances its own pool under torch.compile, dynamic shapes included: Inductor
+    # (torch 2.14) drops the storage offset of a mutated view under dynamic=True, so the pool of layer i must
+    # not be a view into one [L, ...] tensor.
+    torch._dynamo.reset()
+    stack = torch.nn.ModuleList(LightningAttention(HIDDEN, HEADS, HEAD_DIM, layer_idx=i, num_layers=3)
+                                for i in range(3)).eval()
+    pool, pool_ref = LinearAttentionState(3, 3, HEADS, HEAD_DIM), LinearAttentionState(3, 3, HEADS, HEAD_DIM)
+    slots = torch.tensor([2, 0], dtype=torch.int32)
+
+    def step(x, p):
+        for layer in stack:
+            x = x + layer(x, state=p, state_indices=slots)
+        return x
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=dynamic)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 1, HIDDEN)
+            torch.testing.assert_close(compiled(x, pool), step(x, pool_ref))
+    for i in range(3):
+        torch.testing.assert_close(pool.layer(i), pool_ref.layer(i))
+        assert pool.layer(i)[slots.long()].abs().sum() > 0

@@ -476,11 +476,13 @@ def test_absorbed_weights_refresh(device):
 # --------------------------------------------------------------------------------------------------
 # (f) torch.compile of a cached decode step
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dynamic", [None, True])
 @pytest.mark.parametrize("kind", ["contig", "paged64"])
-def test_compiled_decode_step(kind, device):
+def test_compiled_decode_step(kind, dynamic, device):
     """A decode step through a 2-layer stack (rotary in place, mla_cache_append, absorbed query,
     mla_decode, W_UV, advance) under torch.compile(fullgraph=True): no graph break, eager's results,
-    the cache written in place, and the live weights used (no stale absorbed copy in the graph)."""
+    the cache written in place, and the live weights used (no stale absorbed copy in the graph). With
+    dynamic=True too (the rotary slices q[..., nope:] and k_pe must keep fixed offsets there: README)."""
     dtype = torch.float32
     stack = stack_of(build, "q_lora", dtype, device)
     E = stack.layers[0].hidden_size
@@ -496,7 +498,7 @@ def test_compiled_decode_step(kind, device):
             return stack(x, cache=cache)
 
     torch._dynamo.reset()
-    compiled = torch.compile(step, fullgraph=True)   # fullgraph: any graph break raises
+    compiled = torch.compile(step, fullgraph=True, dynamic=dynamic)   # fullgraph: any graph break raises
     ptrs = [t.data_ptr() for t in cc.latent + [cc.seqlens]]
     for i in range(4):
         if i == 3:   # new weights, in place: same graph (no recompile), the new values used

@@ -6,19 +6,20 @@
   state it runs :func:`attn_ops.lightning_attention` (differentiable, training and prefill); with a state
   pool it advances the pool in place with :func:`attn_ops.lightning_attention_decode_` (decode, chunked
   prefill, speculative verification).
-* :class:`LinearAttentionState`: the cache of this family, ``[num_layers, num_slots, H, Dk, Dv]`` float32
-  states with host-side slot allocation, reset and reorder (beam search).
+* :class:`LinearAttentionState`: the cache of this family, one ``[num_slots, H, Dk, Dv]`` float32 pool per
+  layer, with host-side slot allocation, reset and reorder (beam search).
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops as _ops
+from ._common import check_positive
 
 __all__ = ["LightningAttention", "LinearAttentionState", "OutOfSlotsError", "minimax_slope_rate"]
 
@@ -130,26 +131,41 @@ def _activation(name: str):
 
 
 class LinearAttentionState:
-    """Recurrent states of the linear-attention layers of a model: ``states [num_layers, num_slots, H, Dk, Dv]``.
+    """Recurrent states of the linear-attention layers of a model: ``states[i]`` is layer ``i``'s pool
+    ``[num_slots, H, Dk, Dv]``.
 
     A sequence owns one slot (the same in every layer). :meth:`allocate` hands out zeroed slots, :meth:`free`
     returns them, :meth:`reset` zeroes them, :meth:`reorder` copies states between slots (beam search: every
     beam takes its parent's state). These are host-side calls between steps; the steps themselves only pass
     ``layer(i)`` and an int32 ``state_indices`` to the ops, which trace under ``torch.compile(fullgraph=True)``.
+
+    Each layer's pool is a tensor of its own, not a view into one ``[num_layers, ...]`` tensor: under
+    ``torch.compile(dynamic=True)``, Inductor (torch 2.14) writes an in-place op's output that is a view with a
+    storage offset at the start of its base instead, which would make every layer advance layer 0's states.
     """
 
     def __init__(self, num_layers: int, num_slots: int, num_heads: int, head_dim: int,
                  head_dim_v: Optional[int] = None, *, dtype: torch.dtype = torch.float32, device=None):
-        self.states = torch.zeros(num_layers, num_slots, num_heads, head_dim, head_dim_v or head_dim, dtype=dtype,
-                                  device=device)
+        check_positive("num_layers", num_layers)
+        shape = (check_positive("num_slots", num_slots), check_positive("num_heads", num_heads),
+                 check_positive("head_dim", head_dim), check_positive("head_dim_v", head_dim if head_dim_v is None else head_dim_v))
+        self.states: List[Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self._free = list(range(num_slots))
 
     @property
+    def num_layers(self) -> int:
+        return len(self.states)
+
+    @property
     def num_slots(self) -> int:
-        return self.states.shape[1]
+        return self.states[0].shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.states[0].device
 
     def layer(self, layer_idx: int) -> Tensor:
-        """Layer ``layer_idx``'s pool ``[num_slots, H, Dk, Dv]`` (a view, updated in place by the ops)."""
+        """Layer ``layer_idx``'s pool ``[num_slots, H, Dk, Dv]`` (updated in place by the ops)."""
         return self.states[layer_idx]
 
     def allocate(self, n: int) -> Tensor:
@@ -158,7 +174,7 @@ class LinearAttentionState:
             raise OutOfSlotsError(f"LinearAttentionState.allocate: {n} slots requested, {len(self._free)} free "
                                   f"of {self.num_slots}")
         slots, self._free = self._free[:n], self._free[n:]
-        out = torch.tensor(slots, dtype=torch.int32, device=self.states.device)
+        out = torch.tensor(slots, dtype=torch.int32, device=self.device)
         self.reset(out)
         return out
 
@@ -176,15 +192,18 @@ class LinearAttentionState:
 
     def reset(self, slots: Union[None, Sequence[int], Tensor] = None) -> None:
         """Zero the states of ``slots`` (all slots when ``None``) in every layer."""
-        if slots is None:
-            self.states.zero_()
-        else:
-            self.states[:, _index(slots, self.states.device)] = 0
+        index = None if slots is None else _index(slots, self.device)
+        for pool in self.states:
+            if index is None:
+                pool.zero_()
+            else:
+                pool[index] = 0
 
     def reorder(self, slots: Union[Sequence[int], Tensor], source: Union[Sequence[int], Tensor]) -> None:
         """Slot ``slots[i]`` takes the state that slot ``source[i]`` had before the call, in every layer."""
-        dst, src = _index(slots, self.states.device), _index(source, self.states.device)
-        self.states[:, dst] = self.states[:, src]
+        dst, src = _index(slots, self.device), _index(source, self.device)
+        for pool in self.states:
+            pool[dst] = pool[src]
 
 
 def _index(slots, device) -> Tensor:
