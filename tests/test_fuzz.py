@@ -13,12 +13,10 @@ All cases first run in child processes (tests/crash_isolation.py), so a crash fa
 then they run again here for the checks. ATTN_OPS_FUZZ_SEED / ATTN_OPS_FUZZ_CASES change the seed
 and the number of cases (defaults: a fixed seed, 240 cases, about 30 s on 2 cores).
 """
-import math
 import os
 import random
 import re
 
-import pytest
 import torch
 
 import attn_ops
