@@ -129,6 +129,35 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved:
     return ops.rotary_embedding(x, cos, sin, positions, interleaved=interleaved)
 
 
+def _new_token_blocks(table: torch.Tensor, pos: torch.Tensor, block_size: int, num_blocks: int,
+                      rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """The cache block of each new token ``pos [B, Tnew]`` (its position in its row), from the rows of
+    ``block_table`` given as ``table``.
+
+    Checked here, before the append, where the values can be read without a device sync (CPU): otherwise an
+    entry of -1 at offset block_size - 1 becomes slot -1, which the append skips, and attention_with_kvcache
+    rejected the table only after the other rows' tokens were written. On CUDA the device-side checks of the
+    two ops (and gather's) end the context instead; under torch.compile the ops' own checks run as they can."""
+    col = pos // block_size
+    if table.is_cuda or pos.numel() == 0 or torch.compiler.is_compiling():  # no value reads while tracing
+        return table.long().gather(1, col)
+    width = table.shape[1]
+    over = (col >= width).nonzero()
+    if over.numel():
+        b = int(over[0, 0])
+        raise RuntimeError(f"attn_ops.flash_attn_with_kvcache: cache_seqlens[{b}] = {int(pos[b, 0])} plus "
+                           f"{pos.shape[1]} new tokens exceeds the cache capacity {width * block_size} "
+                           f"(block_table width {width} x block_size {block_size})")
+    blocks = table.long().gather(1, col)
+    bad = ((blocks < 0) | (blocks >= num_blocks)).nonzero()
+    if bad.numel():
+        b, j = bad[0].tolist()
+        row = b if rows is None else int(rows[b])
+        raise RuntimeError(f"attn_ops.flash_attn_with_kvcache: block_table[{row}, {int(col[b, j])}] = "
+                           f"{int(blocks[b, j])} is out of range [0, {num_blocks})")
+    return blocks
+
+
 def flash_attn_with_kvcache(
     q: Tensor,
     k_cache: Tensor,
@@ -192,7 +221,8 @@ def flash_attn_with_kvcache(
             table = block_table if rows is None else block_table.index_select(0, rows)
             block_size = k_cache.shape[1]
             pos = (lens[:, None] + torch.arange(seqlen_new, device=q.device, dtype=torch.int32)).long()
-            slots = table.long().gather(1, pos // block_size) * block_size + pos % block_size
+            blocks = _new_token_blocks(table, pos, block_size, k_cache.shape[0], rows)
+            slots = blocks * block_size + pos % block_size
             ops.paged_kv_cache_append(k_cache, v_cache, k.flatten(0, 1), v.flatten(0, 1), slots.flatten())
         lens = lens + seqlen_new
 

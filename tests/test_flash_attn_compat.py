@@ -8,6 +8,8 @@ in-place append of k / v, rotary (FlashAttention's query positions), cache_batch
 block_table. Unsupported features raise NotImplementedError; every function compiles fullgraph.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -259,6 +261,32 @@ def test_unsupported_features_raise():
     with pytest.raises(NotImplementedError, match="dropout_p > 0"):
         flash_attn_varlen_qkvpacked_func(torch.randn(4, 3, 2, 16), torch.tensor([0, 4], dtype=torch.int32), 4,
                                          dropout_p=0.5)
+
+
+@pytest.mark.parametrize("case", ["unassigned_block", "past_the_table"])
+def test_kvcache_paged_table_checked_before_the_append(case):
+    """A block_table entry of -1 at offset block_size - 1 gave slot -1, which the append skips: the other rows'
+    tokens were written before attention_with_kvcache rejected the table. Now nothing is written."""
+    kc, vc = torch.randn(4, 4, 1, 8), torch.randn(4, 4, 1, 8)
+    table = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
+    lens = torch.tensor([0, 7 if case == "unassigned_block" else 8], dtype=torch.int32)
+    q, k, v = torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8)
+    before = kc.clone(), vc.clone()
+    message = {"unassigned_block": "attn_ops.flash_attn_with_kvcache: block_table[1, 1] = -1 is out of range [0, 4)",
+               "past_the_table": "attn_ops.flash_attn_with_kvcache: cache_seqlens[1] = 8 plus 1 new tokens exceeds the "
+                                 "cache capacity 8 (block_table width 2 x block_size 4)"}[case]
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True)
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+def test_kvcache_paged_step_compiles_fullgraph():
+    torch._dynamo.reset()
+    a = kvcache_case(F32, tq=1, tnew=1, paged=True, batch_idx=False, leftpad=False, rotary=None)
+    eager = {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in a.items()}
+    step = torch.compile(flash_attn_with_kvcache, fullgraph=True)
+    torch.testing.assert_close(step(**a), flash_attn_with_kvcache(**eager))
+    assert torch.equal(a["k_cache"], eager["k_cache"]) and torch.equal(a["v_cache"], eager["v_cache"])
 
 
 def test_compile_fullgraph():

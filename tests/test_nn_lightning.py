@@ -100,6 +100,28 @@ def test_state_pool_allocate_free_reset_reorder():
     assert pool.allocate(2).tolist() == [1, 2]
 
 
+def test_state_pool_rejects_bad_slots():
+    """allocate(-1) handed out all but one slot (negative slicing), a negative slot counted from the end, and
+    reorder broadcast one source into several slots."""
+    pool = LinearAttentionState(1, 4, HEADS, HEAD_DIM)
+    with pytest.raises(ValueError, match=r"^n must be an int >= 0, got -1$"):
+        pool.allocate(-1)
+    assert pool.allocate(0).tolist() == []
+    with pytest.raises(ValueError, match=r"^LinearAttentionState.reset: slots \[-1, 4\] are out of range \[0, 4\)$"):
+        pool.reset([0, -1, 4])
+    with pytest.raises(ValueError, match=r"^LinearAttentionState.reorder: source must be a list or 1-D tensor of slot "
+                                         r"numbers, got torch.float32 of shape \(1,\)$"):
+        pool.reorder([0], [1.5])
+    pool.states[0].normal_()
+    before = pool.states[0].clone()
+    with pytest.raises(ValueError, match=r"^LinearAttentionState.reorder: slots and source must have one entry each "
+                                         r"per slot, got 2 and 1$"):
+        pool.reorder([0, 1], [2])
+    assert torch.equal(pool.states[0], before)
+    pool.reset([])
+    assert torch.equal(pool.states[0], before)
+
+
 @pytest.mark.parametrize("arg, value", [("num_layers", 0), ("num_slots", 0), ("num_heads", -1), ("head_dim", 2.0),
                                         ("head_dim_v", 0), ("head_dim_v", True)])
 def test_state_pool_rejects_bad_sizes(arg, value):

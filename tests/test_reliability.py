@@ -134,6 +134,55 @@ def test_cache_append_refuses_source_inside_cache():
             lambda: attn_ops.kv_cache_append(kc, vc, k, torch.randn(1, 1, 2, 4), i32([0])), kc, vc)
 
 
+def _in_place_call(op, target_inference, others_inference):
+    """(call, name of the written argument, written tensor) of in-place op `op` on small random inputs; the
+    written tensor, and separately all the others, made under torch.inference_mode() when asked."""
+    def made(inference, fn):
+        with torch.inference_mode(inference):
+            return fn()
+
+    shapes = {"kv_cache_append": (2, 8, 2, 4), "paged_kv_cache_append": (2, 8, 2, 4), "mla_cache_append": (2, 8, 6),
+              "rotary_embedding_": (2, 3, 2, 4), "lightning_attention_decode_": (2, 2, 4, 4)}
+    target = made(target_inference, lambda: torch.randn(shapes[op]))
+    vc, q, k, v, cos, sin, slope, lens, slots, pos = made(others_inference, lambda: (
+        torch.randn(2, 8, 2, 4), torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4),
+        torch.randn(8, 2), torch.randn(8, 2), torch.rand(2), i32([0, 3]), i32([1, 9]),
+        torch.arange(3, dtype=torch.int32).expand(2, 3)))
+    calls = {
+        "kv_cache_append": lambda: attn_ops.kv_cache_append(target, vc, k, v, lens),
+        "paged_kv_cache_append": lambda: attn_ops.paged_kv_cache_append(target, vc, k[:, 0], v[:, 0], slots),
+        "mla_cache_append": lambda: attn_ops.mla_cache_append(target, k[:, :, 0], k[:, :, 1, :2], cache_seqlens=lens),
+        "rotary_embedding_": lambda: attn_ops.rotary_embedding_(target, cos, sin, pos),
+        "lightning_attention_decode_": lambda: attn_ops.lightning_attention_decode_(q, k, v, target, slope),
+    }
+    names = {"kv_cache_append": "k_cache", "paged_kv_cache_append": "k_cache", "mla_cache_append": "latent_cache",
+             "rotary_embedding_": "x", "lightning_attention_decode_": "state"}
+    return calls[op], names[op], target
+
+
+@pytest.mark.parametrize("others_inference", [False, True], ids=["others_normal", "others_inference"])
+@pytest.mark.parametrize("op", ["kv_cache_append", "paged_kv_cache_append", "mla_cache_append", "rotary_embedding_",
+                                "lightning_attention_decode_"])
+def test_in_place_ops_refuse_inference_tensors_outside_inference_mode(op, others_inference):
+    """A tensor made under torch.inference_mode() has no version counter, and PyTorch's in-place ops refuse to
+    write one outside that mode. Ours raised only from the version bump after the write, or wrote it without a
+    word when every argument was an inference tensor. Now: refused before the write, naming the argument (the
+    caches' v_cache too, when the others are inference tensors); the same call runs under
+    torch.inference_mode(), and outside it on tensors that are not inference tensors."""
+    call, name, target = _in_place_call(op, True, others_inference)
+    _raises(f"attn_ops.{op}: {name} is written in place but is an inference tensor (made under "
+            "torch.inference_mode())", call, target)
+    before = target.clone()
+    with torch.inference_mode():
+        call()
+    assert not torch.equal(target, before)
+    call, _, target = _in_place_call(op, False, False)
+    before = target.clone()
+    with torch.no_grad():
+        call()
+    assert not torch.equal(target, before)
+
+
 # ---- 3. autograd: no silent wrong gradients -------------------------------------------------------
 
 def test_rotary_inplace_refuses_leaf_requiring_grad():

@@ -170,6 +170,7 @@ class LinearAttentionState:
 
     def allocate(self, n: int) -> Tensor:
         """``n`` free slots, zeroed, as int32 ``[n]`` (on the states' device)."""
+        check_positive("n", n, minimum=0)
         if n > len(self._free):
             raise OutOfSlotsError(f"LinearAttentionState.allocate: {n} slots requested, {len(self._free)} free "
                                   f"of {self.num_slots}")
@@ -192,7 +193,7 @@ class LinearAttentionState:
 
     def reset(self, slots: Union[None, Sequence[int], Tensor] = None) -> None:
         """Zero the states of ``slots`` (all slots when ``None``) in every layer."""
-        index = None if slots is None else _index(slots, self.device)
+        index = None if slots is None else self._index("reset", "slots", slots)
         for pool in self.states:
             if index is None:
                 pool.zero_()
@@ -201,10 +202,26 @@ class LinearAttentionState:
 
     def reorder(self, slots: Union[Sequence[int], Tensor], source: Union[Sequence[int], Tensor]) -> None:
         """Slot ``slots[i]`` takes the state that slot ``source[i]`` had before the call, in every layer."""
-        dst, src = _index(slots, self.device), _index(source, self.device)
+        dst, src = self._index("reorder", "slots", slots), self._index("reorder", "source", source)
+        if dst.numel() != src.numel():
+            raise ValueError(f"LinearAttentionState.reorder: slots and source must have one entry each per slot, got "
+                             f"{dst.numel()} and {src.numel()}")
         for pool in self.states:
             pool[dst] = pool[src]
 
+    def _index(self, method: str, name: str, slots: Union[Sequence[int], Tensor]) -> Tensor:
+        """``slots`` as an int64 index on the states' device: integers in ``[0, num_slots)`` (a negative value
+        would silently count from the end)."""
+        index = torch.as_tensor(slots, device=self.device)
+        if index.numel() == 0 and index.dim() == 1:  # [] is float32 to torch.as_tensor
+            return index.long()
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool or index.dim() > 1:
+            raise ValueError(f"LinearAttentionState.{method}: {name} must be a list or 1-D tensor of slot numbers, "
+                             f"got {index.dtype} of shape {tuple(index.shape)}")
+        bad = index[(index < 0) | (index >= self.num_slots)]
+        if bad.numel():
+            raise ValueError(f"LinearAttentionState.{method}: {name} {bad.tolist()} are out of range [0, "
+                             f"{self.num_slots})")
+        return index.long().reshape(-1)
 
-def _index(slots, device) -> Tensor:
-    return torch.as_tensor(slots, device=device).long()
+

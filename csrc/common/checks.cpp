@@ -3,6 +3,7 @@
 #include "common/checks.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <c10/core/InferenceMode.h>
 
 #include <sstream>
 
@@ -17,11 +18,22 @@ bool can_read_values(const at::Tensor& t) {
   return !t.is_cuda();
 }
 
+void check_not_inference_tensor(const char* op, const char* name, const at::Tensor& out) {
+  // PyTorch's own in-place ops refuse this too (an inference tensor has no version counter). Without this check
+  // ours raised only at the version bump after the write (common/no_autograd.cpp), or not at all when no
+  // argument had autograd keys (every argument an inference tensor).
+  TORCH_CHECK(!out.is_inference() || c10::InferenceMode::is_enabled(), op, ": ", name,
+              " is written in place but is an inference tensor (made under torch.inference_mode()), which PyTorch "
+              "only lets be written in place under torch.inference_mode(); run the call under it too, or clone() the "
+              "tensor outside it");
+}
+
 void check_in_place_target(const char* op, const NamedTensor& target, std::initializer_list<NamedTensor> others) {
   const at::Tensor& out = target.tensor;
   if (out.is_meta()) {
     return;
   }
+  check_not_inference_tensor(op, target.name, out);
   TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, op, ": ", target.name,
               " is written in place but some of its elements share memory (a dimension of size > 1 with stride 0, ",
               "as from expand()), got shape ", shape_str(out), " and strides ", out.strides(),

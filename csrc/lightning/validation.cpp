@@ -163,6 +163,7 @@ LightningProblem prepare_lightning_decode(const at::Tensor& q, const at::Tensor&
   TORCH_CHECK(!state.requires_grad(), op,
               ": state must not require grad (it is updated in place, which autograd cannot track)");
   if (!state.is_meta()) {  // memory layout, not values: CUDA tensors are checked here too
+    check_not_inference_tensor(op, "state", state);
     TORCH_CHECK(at::has_internal_overlap(state) != at::MemOverlap::Yes, op,
                 ": state must not overlap itself (an expanded or stride-0 tensor), got strides ", state.strides());
     for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"v", v},
