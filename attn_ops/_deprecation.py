@@ -9,12 +9,16 @@ import inspect
 import warnings
 from typing import Callable, Dict, Sequence
 
+import torch
+
 _REMOVAL = "is deprecated and will be removed in the next release"
 
 
 def _warn(message: str) -> None:
-    # stacklevel 3: the warning points at the caller of the decorated function / attribute
-    warnings.warn(message, FutureWarning, stacklevel=3)
+    # stacklevel 3: the warning points at the caller of the decorated function / attribute. Not while
+    # torch.compile traces (Dynamo cannot trace warnings.warn: fullgraph=True would fail); eager calls warn.
+    if not torch.compiler.is_compiling():
+        warnings.warn(message, FutureWarning, stacklevel=3)
 
 
 def deprecated_arguments(*, renamed: Dict[str, str] = None, keyword_only: Sequence[str] = ()) -> Callable:

@@ -11,7 +11,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              int64_t window_right, double softcap,
                                              const std::optional<at::Tensor>& cu_seqlens_q,
                                              const std::optional<at::Tensor>& cu_seqlens_k,
-                                             std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
+                                             std::optional<c10::SymInt> max_seqlen_q,
+                                             std::optional<c10::SymInt> max_seqlen_k) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::attention", "")
                              .typed<decltype(attention)>();
@@ -23,8 +24,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-    std::optional<int64_t> max_seqlen_k) {
+    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
+    std::optional<c10::SymInt> max_seqlen_k) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::attention_backward", "")
                              .typed<decltype(attention_backward)>();
@@ -55,7 +56,7 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, c
                                                           std::optional<double> scale, bool causal,
                                                           int64_t window_left, int64_t window_right, double softcap,
                                                           const std::optional<at::Tensor>& cu_seqlens_q,
-                                                          std::optional<int64_t> max_seqlen_q,
+                                                          std::optional<c10::SymInt> max_seqlen_q,
                                                           const std::optional<at::Tensor>& cache_batch_idx,
                                                           const std::optional<at::Tensor>& cache_leftpad) {
   static const auto op = c10::Dispatcher::singleton()
@@ -94,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const 
                                               const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
                                               double scale, const std::optional<at::Tensor>& block_table,
                                               bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
-                                              std::optional<int64_t> max_seqlen_q,
+                                              std::optional<c10::SymInt> max_seqlen_q,
                                               const std::optional<at::Tensor>& cache_batch_idx,
                                               const std::optional<at::Tensor>& cache_leftpad) {
   static const auto op = c10::Dispatcher::singleton()
@@ -128,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention(const at::Tensor& q, cons
                                                        const at::Tensor& slope, double scale,
                                                        const std::optional<at::Tensor>& initial_state,
                                                        const std::optional<at::Tensor>& cu_seqlens,
-                                                       std::optional<int64_t> max_seqlen,
+                                                       std::optional<c10::SymInt> max_seqlen,
                                                        std::optional<int64_t> block_size) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::lightning_attention", "")
@@ -139,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention(const at::Tensor& q, cons
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_backward(
     const at::Tensor& dout, const std::optional<at::Tensor>& dfinal_state, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const at::Tensor& slope, double scale, const std::optional<at::Tensor>& initial_state,
-    const std::optional<at::Tensor>& cu_seqlens, std::optional<int64_t> max_seqlen,
+    const std::optional<at::Tensor>& cu_seqlens, std::optional<c10::SymInt> max_seqlen,
     std::optional<int64_t> block_size) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::lightning_attention_backward", "")

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
 
 #include <optional>
 #include <tuple>
@@ -31,8 +32,8 @@ std::tuple<at::Tensor, at::Tensor> attention(
     double softcap = 0.0,
     const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
     const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt,
-    std::optional<int64_t> max_seqlen_q = std::nullopt,
-    std::optional<int64_t> max_seqlen_k = std::nullopt);
+    std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
+    std::optional<c10::SymInt> max_seqlen_k = std::nullopt);
 
 // Gradients of `attention` with respect to q, k and v (dk/dv summed over each KV group's query heads).
 // `dlse`, when given, is the gradient flowing into the lse output.
@@ -51,8 +52,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     double softcap = 0.0,
     const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
     const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt,
-    std::optional<int64_t> max_seqlen_q = std::nullopt,
-    std::optional<int64_t> max_seqlen_k = std::nullopt);
+    std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
+    std::optional<c10::SymInt> max_seqlen_k = std::nullopt);
 
 // Writes k [batch, seqlen_new, heads_kv, head_dim] (and v) into the contiguous cache
 // k_cache [batch, capacity, heads_kv, head_dim] at each row's current length cache_seqlens[b] (int32).
@@ -86,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
     // (int32 [batch]) picks each row's cache (or block-table) row; cache_leftpad (int32 [batch]) the cache
     // position of each row's first key.
     const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
-    std::optional<int64_t> max_seqlen_q = std::nullopt,
+    std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
     const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
     const std::optional<at::Tensor>& cache_leftpad = std::nullopt);
 
@@ -115,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const 
                                               double scale, const std::optional<at::Tensor>& block_table = std::nullopt,
                                               bool causal = true,
                                               const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
-                                              std::optional<int64_t> max_seqlen_q = std::nullopt,
+                                              std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
                                               const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
                                               const std::optional<at::Tensor>& cache_leftpad = std::nullopt);
 
@@ -146,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention(
     double scale = 1.0,
     const std::optional<at::Tensor>& initial_state = std::nullopt,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
-    std::optional<int64_t> max_seqlen = std::nullopt,
+    std::optional<c10::SymInt> max_seqlen = std::nullopt,
     std::optional<int64_t> block_size = std::nullopt);
 
 // Its backward: -> dq, dk, dv, dinitial_state.
@@ -160,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_b
     double scale = 1.0,
     const std::optional<at::Tensor>& initial_state = std::nullopt,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
-    std::optional<int64_t> max_seqlen = std::nullopt,
+    std::optional<c10::SymInt> max_seqlen = std::nullopt,
     std::optional<int64_t> block_size = std::nullopt);
 
 // Advances the state pool [num_slots, heads, head_dim, head_dim_v] in place over the seqlen_q new tokens of

@@ -9,13 +9,13 @@ TORCH_LIBRARY(attn_ops, m) {
       "attention(Tensor q, Tensor k, Tensor v, *, float? scale=None, bool causal=False, "
       "int window_left=-1, int window_right=-1, float softcap=0.0, "
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-      "int? max_seqlen_q=None, int? max_seqlen_k=None) -> (Tensor out, Tensor lse)");
+      "SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None) -> (Tensor out, Tensor lse)");
   m.def(
       "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, *, "
       "Tensor? dlse=None, float? scale=None, bool causal=False, "
       "int window_left=-1, int window_right=-1, float softcap=0.0, "
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-      "int? max_seqlen_q=None, int? max_seqlen_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
 
   // KV-cache writes: in place, every mutated tensor declared, nothing returned. Semantics:
   // docs/kvcache_api.md.
@@ -29,7 +29,7 @@ TORCH_LIBRARY(attn_ops, m) {
   m.def(
       "attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, *, "
       "Tensor? block_table=None, float? scale=None, bool causal=True, int window_left=-1, "
-      "int window_right=-1, float softcap=0.0, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None, "
+      "int window_right=-1, float softcap=0.0, Tensor? cu_seqlens_q=None, SymInt? max_seqlen_q=None, "
       "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None) -> (Tensor out, Tensor lse)");
 
   // Rotary position embedding (half-split or interleaved pairs), out of place (differentiable) or in
@@ -48,7 +48,7 @@ TORCH_LIBRARY(attn_ops, m) {
       "Tensor? slot_mapping=None, Tensor? cache_batch_idx=None) -> ()");
   m.def(
       "mla_decode(Tensor q_latent, Tensor q_rope, Tensor latent_cache, Tensor cache_seqlens, *, float scale, "
-      "Tensor? block_table=None, bool causal=True, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None, "
+      "Tensor? block_table=None, bool causal=True, Tensor? cu_seqlens_q=None, SymInt? max_seqlen_q=None, "
       "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None) -> (Tensor out_latent, Tensor lse)");
 
   // Additive (Bahdanau) attention, w . tanh(qp_i + kp_j), streamed over keys. Always three outputs
@@ -66,13 +66,19 @@ TORCH_LIBRARY(attn_ops, m) {
   // Semantics: docs/lightning_api.md.
   m.def(
       "lightning_attention(Tensor q, Tensor k, Tensor v, Tensor slope, *, float scale=1.0, "
-      "Tensor? initial_state=None, Tensor? cu_seqlens=None, int? max_seqlen=None, int? block_size=None) "
+      "Tensor? initial_state=None, Tensor? cu_seqlens=None, SymInt? max_seqlen=None, int? block_size=None) "
       "-> (Tensor out, Tensor final_state)");
   m.def(
       "lightning_attention_backward(Tensor dout, Tensor? dfinal_state, Tensor q, Tensor k, Tensor v, Tensor slope, "
-      "*, float scale=1.0, Tensor? initial_state=None, Tensor? cu_seqlens=None, int? max_seqlen=None, "
+      "*, float scale=1.0, Tensor? initial_state=None, Tensor? cu_seqlens=None, SymInt? max_seqlen=None, "
       "int? block_size=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dinitial_state)");
   m.def(
       "lightning_attention_decode_(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor slope, *, "
       "float scale=1.0, Tensor? state_indices=None) -> Tensor");
+
+  // Internal: the gradient that a backward through a non-differentiable op's outputs would give `input`.
+  // Running it raises `message`; its Meta kernel returns an empty tensor like `input`, so torch.compile can
+  // trace that backward (it traces it ahead whenever an output requires grad) and the error comes only if a
+  // backward actually runs (common/no_autograd.cpp).
+  m.def("_not_differentiable_grad(Tensor grad, Tensor input, str message) -> Tensor");
 }

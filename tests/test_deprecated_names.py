@@ -106,6 +106,10 @@ def test_mla_rope_tables_argument():
     with pytest.warns(FutureWarning, match="'rope_tables' is deprecated"):
         out = mod(x, pos, rope_tables=tables)
     torch.testing.assert_close(out, mod._forward_with_tables(x, pos, None, 0, tables), rtol=0, atol=0)
+    # under torch.compile it does not warn (Dynamo cannot trace warnings.warn: fullgraph=True failed)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, pos: mod(x, pos, rope_tables=tables), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, pos), out, rtol=1e-12, atol=1e-12)
 
 
 def _schema_arguments(name):

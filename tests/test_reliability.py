@@ -300,6 +300,36 @@ def test_backward_through_a_decode_op_raises(op):
     assert not _decode_ops(False)[op].requires_grad
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("op", ["attention_with_kvcache", "mla_decode", "lightning_attention_decode_"])
+def test_decode_op_in_grad_mode_compiles_and_its_backward_raises(op, backend):
+    """Compiled, a decode step in grad mode (q from a Linear, no torch.no_grad()) failed to compile: AOTAutograd
+    traces the backward ahead, and the backward node raised while traced. It now raises only when a backward
+    runs, with the eager message; the forward gives eager's outputs."""
+    proj = torch.nn.Linear(8, 8)
+    kc, vc = torch.randn(2, 16, 2, 8), torch.randn(2, 16, 2, 8)
+    latent, q_rope = torch.randn(2, 8, 12), torch.randn(2, 1, 4, 4)
+    k, v, state = torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8), torch.zeros(2, 4, 8, 8)
+    lens, slope = i32([3, 5]), torch.full((4,), 0.3)
+    decode = {
+        "attention_with_kvcache": lambda q: attn_ops.attention_with_kvcache(q, kc, vc, lens)[0],
+        "mla_decode": lambda q: attn_ops.mla_decode(q, q_rope, latent, lens, scale=0.3)[0],
+        "lightning_attention_decode_": lambda q: attn_ops.lightning_attention_decode_(q, k, v, state.clone(), slope),
+    }[op]
+
+    def step(x):
+        return decode(proj(x).view(2, 1, 4, 2).repeat(1, 1, 1, 4))  # q [2, 1, 4, 8] requires grad
+
+    torch._dynamo.reset()
+    x = torch.randn(2, 1, 8)
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    out = compiled(x)
+    torch.testing.assert_close(out, step(x), rtol=1e-5, atol=1e-5)
+    assert out.requires_grad
+    with pytest.raises(RuntimeError, match=f"attn_ops.{op} is not differentiable: a backward reached its outputs"):
+        out.sum().backward()
+
+
 def test_lightning_decode_bumps_the_state_version():
     """A graph that saved the pool state, which the decode then advanced, must not backpropagate through the new
     values silently (as kv_cache_append, it bumps the version counter of what it writes)."""

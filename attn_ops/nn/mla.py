@@ -188,7 +188,7 @@ class MultiHeadLatentAttention(RotaryTables):
         belong in a subclass that calls :meth:`_forward_with_tables`, as the DeepSeek adapter
         (:class:`attn_ops.integrations.deepseek.DeepseekMLAAttention`) does.
         """
-        if rope_tables is not None:
+        if rope_tables is not None and not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
             warnings.warn("MultiHeadLatentAttention.forward: 'rope_tables' is deprecated and will be removed "
                           "in the next release; subclass and call '_forward_with_tables' (as "
                           "attn_ops.integrations.deepseek.DeepseekMLAAttention does)", FutureWarning,

@@ -18,8 +18,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
                                double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
-                               const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-                               std::optional<int64_t> max_seqlen_k) {
+                               const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
+                               std::optional<c10::SymInt> max_seqlen_k) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, lse] = attn_ops::attention(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
                                           cu_seqlens_k, max_seqlen_q, max_seqlen_k);
@@ -49,8 +49,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     auto [dq, dk, dv] = attn_ops::attention_backward(
         dout, q, k, v, out, lse, optional_tensor(grads[1]), data["scale"].toOptional<double>(),
         data["causal"].toBool(), data["window_left"].toInt(), data["window_right"].toInt(), data["softcap"].toDouble(),
-        optional_tensor(saved[5]), optional_tensor(saved[6]), data["max_seqlen_q"].toOptional<int64_t>(),
-        data["max_seqlen_k"].toOptional<int64_t>());
+        optional_tensor(saved[5]), optional_tensor(saved[6]), data["max_seqlen_q"].toOptional<c10::SymInt>(),
+        data["max_seqlen_k"].toOptional<c10::SymInt>());
     // One entry per forward argument; the non-tensor ones and cu_seqlens get none.
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -62,8 +62,8 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
                                                       int64_t window_right, double softcap,
                                                       const std::optional<at::Tensor>& cu_seqlens_q,
                                                       const std::optional<at::Tensor>& cu_seqlens_k,
-                                                      std::optional<int64_t> max_seqlen_q,
-                                                      std::optional<int64_t> max_seqlen_k) {
+                                                      std::optional<c10::SymInt> max_seqlen_q,
+                                                      std::optional<c10::SymInt> max_seqlen_k) {
   variable_list outs = AttentionFunction::apply(q, k, v, scale, causal, window_left, window_right, softcap,
                                                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   return {outs[0], outs[1]};

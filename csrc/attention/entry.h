@@ -37,10 +37,11 @@ std::tuple<at::Tensor, at::Tensor> attention_on(const at::Tensor& q, const at::T
                                                 int64_t window_right, double softcap,
                                                 const std::optional<at::Tensor>& cu_seqlens_q,
                                                 const std::optional<at::Tensor>& cu_seqlens_k,
-                                                std::optional<int64_t> max_seqlen_q,
-                                                std::optional<int64_t> max_seqlen_k) {
+                                                std::optional<c10::SymInt> max_seqlen_q,
+                                                std::optional<c10::SymInt> max_seqlen_k) {
   const AttentionPrep prep = prepare_attention(q, k, v, scale, causal, window_left, window_right, softcap,
-                                               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+                                               cu_seqlens_q, cu_seqlens_k, size_hint(max_seqlen_q),
+                                               size_hint(max_seqlen_k));
   auto [out, lse] = empty_out_lse(prep.outputs, q.options());
   if constexpr (forward != nullptr) {
     forward(prep, q, k, v, out, lse);
@@ -53,11 +54,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_on(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-    std::optional<int64_t> max_seqlen_k) {
+    const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
+    std::optional<c10::SymInt> max_seqlen_k) {
   const AttentionPrep prep = prepare_attention_backward(dout, q, k, v, out, lse, dlse, scale, causal, window_left,
                                                         window_right, softcap, cu_seqlens_q, cu_seqlens_k,
-                                                        max_seqlen_q, max_seqlen_k);
+                                                        size_hint(max_seqlen_q), size_hint(max_seqlen_k));
   auto [dq, dk, dv] = empty_attention_grads(q, k, v);
   if constexpr (backward != nullptr) {
     backward(prep, dout, q, k, v, out, lse, dlse, dq, dk, dv);
@@ -73,10 +74,10 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q
                                                              int64_t window_left, int64_t window_right,
                                                              double softcap,
                                                              const std::optional<at::Tensor>& cu_seqlens_q,
-                                                             std::optional<int64_t> max_seqlen_q,
+                                                             std::optional<c10::SymInt> max_seqlen_q,
                                                              const std::optional<at::Tensor>& cache_batch_idx,
                                                              const std::optional<at::Tensor>& cache_leftpad) {
-  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
+  const KvCacheRows rows{cu_seqlens_q, size_hint(max_seqlen_q), cache_batch_idx, cache_leftpad};
   const WithKvCachePrep prep = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale,
                                                               window_left, window_right, softcap, rows);
   auto [out, lse] = empty_out_lse(prep.outputs, q.options());

@@ -5,9 +5,11 @@
 #include "common/format.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
 #include <c10/util/Exception.h>
 
 #include <initializer_list>
+#include <optional>
 
 namespace attn_ops {
 
@@ -16,6 +18,14 @@ namespace attn_ops {
 // CUDA kernels check them on the device instead (common/cuda/index_checks.h; skipped under CUDA-graph
 // capture, where every kernel still bounds-checks the indices it reads, docs/cuda.md).
 bool can_read_values(const at::Tensor& t);
+
+// A size hint of the schema (max_seqlen*, SymInt? so that torch.compile keeps it symbolic instead of
+// compiling a graph per value) as the preparation reads it: its value, or, when symbolic (fake tensors while
+// tracing with dynamic shapes), not given. A Meta kernel reads no value; the CPU / CUDA kernels that run the
+// compiled graph get the concrete value and check it.
+inline std::optional<int64_t> size_hint(const std::optional<c10::SymInt>& hint) {
+  return hint.has_value() ? hint->maybe_as_int() : std::nullopt;
+}
 
 inline bool is_float_dtype(c10::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;

@@ -8,13 +8,15 @@
 //  - for the decode ops (attention_with_kvcache, mla_decode, lightning_attention_decode_), whose outputs come
 //    from q (which requires grad in a module that decodes without torch.no_grad()), lets the call run but links
 //    its outputs to a node whose backward raises: inference that forgot no_grad keeps working, a backward
-//    through them is refused instead of leaving their inputs without a gradient.
+//    through them is refused instead of leaving their inputs without a gradient. The raise is an op
+//    (_not_differentiable_grad), so torch.compile, which traces that backward ahead, compiles the step.
 // Like PyTorch's in-place ops, it bumps the version counter of every tensor it writes, so a tensor saved for
 // backward elsewhere and then overwritten is caught by autograd.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -55,12 +57,28 @@ struct NotDifferentiable : public torch::autograd::Function<NotDifferentiable> {
                                                 const torch::autograd::variable_list& computed,
                                                 const std::string& message) {
     ctx->saved_data["message"] = message;
+    ctx->save_for_backward(inputs.vec());  // only their shapes are used
     return computed;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list /*grad_outputs*/) {
-    TORCH_CHECK(false, ctx->saved_data["message"].toStringRef());
-    return {};
+                                                 torch::autograd::variable_list grad_outputs) {
+    // Raises when run, not when traced: torch.compile traces this backward ahead of any call to it.
+    static const auto raise_op = c10::Dispatcher::singleton()
+                                     .findSchemaOrThrow("attn_ops::_not_differentiable_grad", "")
+                                     .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+    at::Tensor grad;
+    for (const at::Tensor& g : grad_outputs) {
+      grad = grad.defined() ? grad : g;
+    }
+    const std::string& message = ctx->saved_data["message"].toStringRef();
+    torch::autograd::variable_list grads;
+    for (const at::Tensor& input : ctx->get_saved_variables()) {
+      grads.push_back(raise_op.call(grad, input, message));
+    }
+    // One more entry per other argument of forward: `computed` (a vector, which custom Functions count as one
+    // non-tensor argument) and `message`; neither gets a gradient.
+    grads.resize(grads.size() + 2);
+    return grads;
   }
 };
 
@@ -117,7 +135,26 @@ torch::CppFunction kernel() {
   return torch::CppFunction::makeFromBoxedFunction<&no_autograd_kernel<policy>>();
 }
 
+// _not_differentiable_grad: raises with the message when run; on Meta (fake tensors while torch.compile traces
+// the backward) an empty tensor like `input`, so the traced graph holds the call and raises when it runs.
+at::Tensor not_differentiable_grad(const at::Tensor& /*grad*/, const at::Tensor& /*input*/, c10::string_view message) {
+  TORCH_CHECK(false, message);
+  return {};
+}
+
+at::Tensor not_differentiable_grad_meta(const at::Tensor& /*grad*/, const at::Tensor& input, c10::string_view) {
+  return at::empty_like(input);
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(attn_ops, CompositeExplicitAutograd, m) {
+  m.impl("_not_differentiable_grad", &not_differentiable_grad);
+}
+
+TORCH_LIBRARY_IMPL(attn_ops, Meta, m) {
+  m.impl("_not_differentiable_grad", &not_differentiable_grad_meta);
+}
 
 TORCH_LIBRARY_IMPL(attn_ops, Autograd, m) {
   for (const char* name : {"kv_cache_append", "paged_kv_cache_append", "mla_cache_append"}) {

@@ -24,7 +24,7 @@ class LightningFunction : public torch::autograd::Function<LightningFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& slope, double scale, const OptTensor& initial_state,
-                               const OptTensor& cu_seqlens, std::optional<int64_t> max_seqlen,
+                               const OptTensor& cu_seqlens, std::optional<c10::SymInt> max_seqlen,
                                std::optional<int64_t> block_size) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, final_state] =
@@ -49,7 +49,7 @@ class LightningFunction : public torch::autograd::Function<LightningFunction> {
     }
     auto [dq, dk, dv, dinit] = attn_ops::lightning_attention_backward(
         dout, optional_tensor(grads[1]), q, saved[1], saved[2], saved[3], data["scale"].toDouble(),
-        optional_tensor(saved[4]), optional_tensor(saved[5]), data["max_seqlen"].toOptional<int64_t>(),
+        optional_tensor(saved[4]), optional_tensor(saved[5]), data["max_seqlen"].toOptional<c10::SymInt>(),
         data["block_size"].toOptional<int64_t>());
     return {dq, dk, dv, at::Tensor(), at::Tensor(), saved[4].defined() ? dinit : at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};
@@ -60,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention_autograd(const at::Tensor
                                                                 const at::Tensor& v, const at::Tensor& slope,
                                                                 double scale, const OptTensor& initial_state,
                                                                 const OptTensor& cu_seqlens,
-                                                                std::optional<int64_t> max_seqlen,
+                                                                std::optional<c10::SymInt> max_seqlen,
                                                                 std::optional<int64_t> block_size) {
   variable_list outs =
       LightningFunction::apply(q, k, v, slope, scale, initial_state, cu_seqlens, max_seqlen, block_size);

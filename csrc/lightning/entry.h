@@ -5,6 +5,7 @@
 // (the preparation and outputs of its SymInt shapes).
 #pragma once
 
+#include "common/checks.h"  // size_hint
 #include "lightning/validation.h"
 
 #include <ATen/ATen.h>
@@ -48,10 +49,10 @@ std::tuple<at::Tensor, at::Tensor> lightning_attention_on(const at::Tensor& q, c
                                                           const at::Tensor& v, const at::Tensor& slope, double scale,
                                                           const std::optional<at::Tensor>& initial_state,
                                                           const std::optional<at::Tensor>& cu_seqlens,
-                                                          std::optional<int64_t> max_seqlen,
+                                                          std::optional<c10::SymInt> max_seqlen,
                                                           std::optional<int64_t> block_size) {
   const LightningProblem p = prepare_lightning_attention("attn_ops.lightning_attention", q, k, v, slope, scale,
-                                                         initial_state, cu_seqlens, max_seqlen, block_size);
+                                                         initial_state, cu_seqlens, size_hint(max_seqlen), block_size);
   at::Tensor out = at::empty_symint(p.out_sizes, q.options());                                // [B, T, H, Dv]
   at::Tensor final_state = at::empty_symint(p.state_sizes, q.options().dtype(p.state_dtype));  // [B, H, Dk, Dv]
   if constexpr (forward != nullptr) {
@@ -70,10 +71,11 @@ template <LightningBackwardFn backward>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lightning_attention_backward_on(
     const at::Tensor& dout, const std::optional<at::Tensor>& dfinal_state, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const at::Tensor& slope, double scale, const std::optional<at::Tensor>& initial_state,
-    const std::optional<at::Tensor>& cu_seqlens, std::optional<int64_t> max_seqlen,
+    const std::optional<at::Tensor>& cu_seqlens, std::optional<c10::SymInt> max_seqlen,
     std::optional<int64_t> block_size) {
   const LightningProblem p = prepare_lightning_attention_backward(dout, dfinal_state, q, k, v, slope, scale,
-                                                                  initial_state, cu_seqlens, max_seqlen, block_size);
+                                                                  initial_state, cu_seqlens, size_hint(max_seqlen),
+                                                                  block_size);
   const auto acc_options = q.options().dtype(p.state_dtype);
   // [B, T] or [total], then the given trailing sizes.
   auto token_sizes = [&](std::initializer_list<c10::SymInt> tail) {

@@ -16,10 +16,10 @@ std::tuple<at::Tensor, at::Tensor> mla_decode_on(const at::Tensor& q_latent, con
                                                  const at::Tensor& latent_cache, const at::Tensor& cache_seqlens,
                                                  double scale, const std::optional<at::Tensor>& block_table,
                                                  bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
-                                                 std::optional<int64_t> max_seqlen_q,
+                                                 std::optional<c10::SymInt> max_seqlen_q,
                                                  const std::optional<at::Tensor>& cache_batch_idx,
                                                  const std::optional<at::Tensor>& cache_leftpad) {
-  const KvCacheRows rows{cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad};
+  const KvCacheRows rows{cu_seqlens_q, size_hint(max_seqlen_q), cache_batch_idx, cache_leftpad};
   const OutLseSizes outputs =
       prepare_mla_decode(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale, rows);
   auto [out, lse] = empty_out_lse(outputs, q_latent.options());
