@@ -138,7 +138,8 @@ def test_decode_refuses_expanded_state_and_state_that_requires_grad(device):
     a = on(device, decode_args())
     q, k, v, slope = a["q"], a["k"], a["v"], a["slope"]
     expanded = r(1, H, DK, DV).to(device).expand(N, H, DK, DV)
-    expect_error(DEC, "state must not overlap itself (an expanded or stride-0 tensor), got strides [0, 384, 24, 1]",
+    expect_error(DEC, "state is written in place but some of its elements share memory (e.g. a dimension of size > 1 "
+                 "with stride 0, as from expand()), got shape [5, 4, 16, 24] and strides [0, 384, 24, 1]",
                  q, k, v, expanded, slope, anchored=True, state_indices=a["state_indices"])
     tracked = r(N, H, DK, DV).to(device).requires_grad_()
     # in grad mode the op's autograd kernel refuses it (as for every in-place op), under no_grad the validation
@@ -155,5 +156,5 @@ def test_decode_refuses_state_sharing_memory_with_an_input(device):
     buf = r(N * H * DK * DV + 3 * H * DK).to(device)
     state = buf[: N * H * DK * DV].view(N, H, DK, DV)
     q = buf[N * H * DK * DV - 3 * H * DK:][: 3 * H * DK].view(3, 1, H, DK)  # overlaps the last slot
-    expect_error(DEC, "state must not share memory with q", q, a["k"], a["v"], state, a["slope"], anchored=True,
+    expect_error(DEC, "state is written in place and must not share memory with q, but they overlap", q, a["k"], a["v"], state, a["slope"], anchored=True,
                  written=(state,), state_indices=a["state_indices"])

@@ -159,6 +159,24 @@ def test_decode_updates_the_pool_in_place(Tq, dtype, device):
     assert torch.equal(pool[[1, 2, 4]], before[[1, 2, 4]])  # untouched slots stay bit-identical
 
 
+@pytest.mark.parametrize("Tq", [3, 20])
+def test_decode_head_dim_1_on_a_transposed_pool(Tq):
+    """head_dim 1 with the pool a transposed view ([N, H, Dv, 1].transpose(2, 3)): its size-1 row dim has stride 1,
+    legal, but the in-place block path (Tq > 8) gave that stride to BLAS as the leading dimension; MKL refused
+    the call with only a printed message and the pool stayed unchanged. Such a pool now runs on a copy."""
+    N, H, Dv = 2, 2, 16
+    f64 = torch.float64
+    q, k, v = make((N, Tq, H, 1), f64), make((N, Tq, H, 1), f64), make((N, Tq, H, Dv), f64)
+    s = minimax_slopes(H)
+    before = make((N, H, 1, Dv), f64)
+    pool = torch.empty(N, H, Dv, 1, dtype=f64).transpose(2, 3).copy_(before)  # strides (H * Dv, Dv, 1, 1)
+    assert pool.stride() == (H * Dv, Dv, 1, 1)
+    out = attn_ops.lightning_attention_decode_(q, k, v, pool, s)
+    ref_out, ref_final = recurrence(q, k, v, s, initial_state=before)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(pool, ref_final, rtol=1e-10, atol=1e-10)
+
+
 def test_decode_without_indices_equals_prefill_continuation():
     # Prefill T tokens, then decode 2 more one at a time: the same as one prefill over T + 2.
     B, T, H, Dk, Dv = 2, 30, 2, 8, 8

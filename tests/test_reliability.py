@@ -134,6 +134,72 @@ def test_cache_append_refuses_source_inside_cache():
             lambda: attn_ops.kv_cache_append(kc, vc, k, torch.randn(1, 1, 2, 4), i32([0])), kc, vc)
 
 
+def _kv_pair(layout):
+    """(k_cache, v_cache) [B=2, T=8, H=2, D=4], or paged [blocks=3, 4, 2, 4], as two views of one buffer."""
+    if layout == "kv_dim_1":        # [B, 2, T, H, D]: FlashInfer-style, K and V blocks of one row side by side
+        kv = torch.randn(2, 2, 8, 2, 4)
+        return kv[:, 0], kv[:, 1]
+    if layout == "kv_dim_2":        # [B, T, 2, H, D]: K and V of one token side by side
+        kv = torch.randn(2, 8, 2, 2, 4)
+        return kv[:, :, 0], kv[:, :, 1]
+    if layout == "paged_kv_dim_1":  # [blocks, 2, block_size, H, D] (vLLM's FlashInfer layout)
+        kv = torch.randn(3, 2, 4, 2, 4)
+        return kv[:, 0], kv[:, 1]
+    buf = torch.randn(2, 8, 2, 12)  # "overlapping_columns": features 0..7 and 4..11 of one buffer
+    return buf[..., 0:4], buf[..., 2:6]
+
+
+@pytest.mark.parametrize("layout", ["kv_dim_1", "kv_dim_2", "paged_kv_dim_1"])
+def test_cache_appends_accept_k_and_v_interleaved_in_one_buffer(layout):
+    """K and V caches that are disjoint views of one buffer are not dense, so PyTorch's overlap test cannot tell
+    ("too hard"); the exact test (common/memory_overlap.h) accepts them, and each write lands in its own view."""
+    kc, vc = _kv_pair(layout)
+    k, v = torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)
+    if layout.startswith("paged"):
+        attn_ops.paged_kv_cache_append(kc, vc, k[:, 0], v[:, 0], i32([1, 9]))
+        assert torch.equal(kc[0, 1], k[0, 0]) and torch.equal(vc[2, 1], v[1, 0])
+    else:
+        attn_ops.kv_cache_append(kc, vc, k, v, i32([3, 5]))
+        assert torch.equal(kc[0, 3], k[0, 0]) and torch.equal(vc[1, 5], v[1, 0])
+
+
+def test_in_place_ops_refuse_strided_outputs_that_overlap():
+    """Overlaps that PyTorch's test leaves undecided for strided views, which were accepted and wrote garbage."""
+    kc, vc = _kv_pair("overlapping_columns")
+    k, v = torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)
+    _raises("attn_ops.kv_cache_append: k_cache is written in place and must not share memory with v_cache, but they "
+            "overlap", lambda: attn_ops.kv_cache_append(kc, vc, k, v, i32([0, 1])), kc)
+    head_major = torch.randn(2, 2, 8, 4)  # KVCache's [B, H, T, D] storage, seen as [B, T, H, D]
+    kc, vc = head_major.transpose(1, 2), torch.randn(2, 8, 2, 4)
+    _raises("attn_ops.kv_cache_append: k_cache is written in place and must not share memory with k, but they "
+            "overlap", lambda: attn_ops.kv_cache_append(kc, vc, kc[:, 6:7], v, i32([0, 1])), head_major)
+    latent = torch.randn(2, 8, 12)[:, :, :10]
+    _raises("attn_ops.mla_cache_append: latent_cache is written in place and must not share memory with c_kv",
+            lambda: attn_ops.mla_cache_append(latent, latent[:, 5:6, :8], torch.randn(2, 1, 2),
+                                              cache_seqlens=i32([0, 1])), latent)
+    table = torch.randn(16, 4)  # cos is its column 0; x [8, 1, 2] its columns 0..1 (overlap) or 2..3 (none)
+    cos, sin, pos = table[:, :1], torch.randn(16, 1), torch.arange(8, dtype=torch.int32)
+    _raises("attn_ops.rotary_embedding_: x is written in place and must not share memory with cos",
+            lambda: attn_ops.rotary_embedding_(table.view(16, 1, 4)[:8, :, 0:2], cos, sin, pos), table)
+    attn_ops.rotary_embedding_(table.view(16, 1, 4)[:8, :, 2:4], cos, sin, pos)
+    rows_overlap = torch.randn(72).as_strided((2, 8, 2, 4), (32, 4, 4, 1))  # each token's heads overlap the next
+    _raises("attn_ops.kv_cache_append: k_cache is written in place but some of its elements share memory",
+            lambda: attn_ops.kv_cache_append(rows_overlap, torch.randn(2, 8, 2, 4), k, v, i32([0, 1])), rows_overlap)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_expanded_outputs_refused_on_meta_too(device):
+    """The expand check is layout only: Meta kernels (torch.compile's fake tensors) refuse what the CPU does."""
+    kc = torch.randn(1, 8, 2, 4, device=device).expand(2, 8, 2, 4)
+    vc = torch.randn(2, 8, 2, 4, device=device)
+    k = torch.randn(2, 1, 2, 4, device=device)
+    with pytest.raises(RuntimeError, match="k_cache is written in place but some of its elements share memory"):
+        attn_ops.kv_cache_append(kc, vc, k, k, i32([0, 1], device))
+    state = torch.randn(1, 2, 4, 4, device=device).expand(2, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="state is written in place but some of its elements share memory"):
+        attn_ops.lightning_attention_decode_(k, k, k, state, torch.full((2,), 0.3, device=device))
+
+
 def _in_place_call(op, target_inference, others_inference):
     """(call, name of the written argument, written tensor) of in-place op `op` on small random inputs; the
     written tensor, and separately all the others, made under torch.inference_mode() when asked."""

@@ -2,7 +2,8 @@
 // compare several arguments.
 #include "common/checks.h"
 
-#include <ATen/MemoryOverlap.h>
+#include "common/memory_overlap.h"
+
 #include <c10/core/InferenceMode.h>
 
 #include <sstream>
@@ -30,21 +31,21 @@ void check_not_inference_tensor(const char* op, const char* name, const at::Tens
 
 void check_in_place_target(const char* op, const NamedTensor& target, std::initializer_list<NamedTensor> others) {
   const at::Tensor& out = target.tensor;
+  // Layout only, so Meta tensors too: CPU and Meta refuse the same outputs.
+  TORCH_CHECK(!shares_elements(out), op, ": ", target.name,
+              " is written in place but some of its elements share memory (e.g. a dimension of size > 1 with stride ",
+              "0, as from expand()), got shape ", shape_str(out), " and strides ", out.sym_strides(),
+              "; write into a tensor that owns its elements (e.g. .clone() it)");
   if (out.is_meta()) {
-    return;
+    return;  // no memory to compare with the other arguments
   }
   check_not_inference_tensor(op, target.name, out);
-  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, op, ": ", target.name,
-              " is written in place but some of its elements share memory (a dimension of size > 1 with stride 0, ",
-              "as from expand()), got shape ", shape_str(out), " and strides ", out.strides(),
-              "; write into a tensor that owns its elements (e.g. .clone() it)");
   for (const NamedTensor& other : others) {
     if (!other.tensor.defined() || other.tensor.is_meta()) {
       continue;
     }
-    const at::MemOverlapStatus status = at::get_overlap_status(out, other.tensor);
-    TORCH_CHECK(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial, op, ": ",
-                target.name, " is written in place and must not share memory with ", other.name,
+    TORCH_CHECK(!shares_memory(out, other.tensor), op, ": ", target.name,
+                " is written in place and must not share memory with ", other.name,
                 ", but they overlap; pass separate tensors (e.g. .clone() one of them)");
   }
 }

@@ -7,7 +7,6 @@
 #include "common/index_checks.h"
 
 #include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
 
 #include <cmath>
 
@@ -162,19 +161,8 @@ LightningProblem prepare_lightning_decode(const at::Tensor& q, const at::Tensor&
   check_last_dim_contiguous(op, "state", state);
   TORCH_CHECK(!state.requires_grad(), op,
               ": state must not require grad (it is updated in place, which autograd cannot track)");
-  if (!state.is_meta()) {  // memory layout, not values: CUDA tensors are checked here too
-    check_not_inference_tensor(op, "state", state);
-    TORCH_CHECK(at::has_internal_overlap(state) != at::MemOverlap::Yes, op,
-                ": state must not overlap itself (an expanded or stride-0 tensor), got strides ", state.strides());
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"v", v},
-                                  {"slope", slope}}) {
-      // TooHard (a strided view) is decided by the storage: sharing one with state is refused.
-      const at::MemOverlapStatus status = at::get_overlap_status(state, t);
-      const bool shared = status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial ||
-                          (status == at::MemOverlapStatus::TooHard && state.storage().is_alias_of(t.storage()));
-      TORCH_CHECK(!shared, op, ": state must not share memory with ", name);
-    }
-  }
+  // memory layout, not values: CUDA tensors are checked here too
+  check_in_place_target(op, {"state", state}, {{"q", q}, {"k", k}, {"v", v}, {"slope", slope}});
   if (state_indices.has_value()) {
     const at::Tensor& idx = *state_indices;
     check_index_tensor(op, "state_indices", idx, /*allow_int64=*/false, idx.dim() == 1 && idx.sym_size(0) == p.batch,

@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+
 namespace attn_ops::cpu {
 
 // Token rows of a [B, T, heads, width] tensor (or [total, heads, width] packed: batch_stride 0).
@@ -93,8 +95,11 @@ void run_pass(const PassSpec<in_t, out_t, acc_t>& ps) {
     }
     // A state updated in place with unit column stride (the decode's pool) is run where it lies: each
     // step then streams it through memory once. Otherwise the stream runs on a copy.
+    // Its row stride is then the BLAS leading dimension, which must cover a row (a size-1 row dim may carry
+    // any stride: such a state runs on the copy).
     const bool in_place = ps.init.base && ps.init.base == ps.final_.base && ps.init.col_stride == 1 &&
-                          ps.init.row_stride == ps.final_.row_stride;
+                          ps.init.row_stride == ps.final_.row_stride && ps.init.row_stride >= nv &&
+                          ps.init.row_stride <= std::numeric_limits<int>::max();
     acc_t* S = nullptr;
     int64_t lds = nv;
     if (in_place) {
