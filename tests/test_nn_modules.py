@@ -348,6 +348,9 @@ def test_kvcache_host_methods(device):
     assert c.lengths().tolist() == [2, 0, 4]
     with pytest.raises(ValueError, match=r"lengths\[1\] = 1 must be in \[0, 0\]"):
         c.truncate([2, 1])
+    with pytest.raises(ValueError, match=r"^KVCache.truncate: lengths must be integers, got torch.float32$"):
+        c.truncate([1.7])  # it became 1
+    assert c.lengths().tolist() == [2, 0, 4]
     with pytest.raises(IndexError):
         c.free_rows([3])
     c.reset()

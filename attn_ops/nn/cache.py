@@ -150,9 +150,12 @@ class _CacheBase:
     def truncate(self, lengths: Union[Sequence[int], Tensor]) -> None:
         """Set the lengths of rows ``0 .. len(lengths)-1`` to ``lengths`` (each at most the current
         length), e.g. after a right-padded prefill of prompts of different lengths."""
-        new = torch.as_tensor(lengths, dtype=torch.int32).reshape(-1).cpu()
-        n = new.shape[0]
         name = f"{type(self).__name__}.truncate"
+        given = torch.as_tensor(lengths)
+        if given.numel() and (given.dtype.is_floating_point or given.dtype.is_complex or given.dtype == torch.bool):
+            raise ValueError(f"{name}: lengths must be integers, got {given.dtype}")  # 2.7 would become 2
+        new = given.to(torch.int32).reshape(-1).cpu()
+        n = new.shape[0]
         if n > self.seqlens.shape[0]:
             raise ValueError(f"{name}: got {n} lengths for a cache of {self.seqlens.shape[0]} rows")
         cur = self.seqlens[:n].cpu()
