@@ -312,6 +312,41 @@ def test_cross_attention_pads_only_encoder_keys(target_len):
     torch.testing.assert_close(outs["attn_ops"], outs["eager"], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_bidirectional_sliding_window_encoder_with_padding(padding):
+    """ModernBERT's local layers: a bidirectional window over padded rows. Every query of a bidirectional mask is
+    real but only the real keys are, and the op aligns a window bottom-right, so right-padded rows (how BERT-style
+    tokenizers pad) had every window shifted by the padding: max error 1.8 on real tokens."""
+    config = transformers.ModernBertConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                           num_attention_heads=4, local_attention=4, global_attn_every_n_layers=3,
+                                           max_position_embeddings=64, initializer_range=0.2, pad_token_id=0,
+                                           bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    model = transformers.ModernBertModel(config).eval().double()
+    ids = torch.randint(3, 97, (3, 12))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    pads = {0: 5, 1: 2}  # row 2 unpadded
+    for row, n in pads.items():
+        mask[row, :n] = 0 if padding == "left" else 1
+        if padding == "right":
+            mask[row, 12 - n:] = 0
+    outs = {}
+    for implementation in ("eager", "attn_ops"):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            outs[implementation] = model(ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(outs["attn_ops"][real], outs["eager"][real], rtol=1e-10, atol=1e-10)
+
+
+def test_output_attentions_warns():
+    """output_attentions=True was ignored without a word; transformers' sdpa and flash paths warn."""
+    model, _ = build("llama", torch.float32)
+    model.set_attn_implementation("attn_ops")
+    with pytest.warns(UserWarning, match=r"does not return attention weights \(output_attentions=True\)"):
+        with torch.no_grad():
+            model(torch.randint(1, 97, (1, 4)), output_attentions=True)
+
+
 def test_one_token_rows_laid_out_token_major_without_cache():
     """Keys of one position are contiguous either way by is_contiguous(); Llama's (a view of the projection,
     token-major) must not take the head-major in-place path, which read out of bounds."""

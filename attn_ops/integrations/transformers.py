@@ -111,7 +111,7 @@ def padding_layout(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     # query is real (a cross-attention's queries are not even positions of attention_mask's sequence), and
     # every key up to kv_length is. A causal one also ends each row's keys at its last query (the unused
     # tail of a StaticCache, which a full-length attention_mask may still mark real).
-    bidirectional = _sees_later_key(mask_function, q_pos)
+    bidirectional = _first_query_sees(mask_function, q_pos, q_pos[:1] + 1)  # True: an encoder's or cross mask
     keys_in_reach = (kv_pos < q_offset + q_length) | bidirectional
     if attention_mask is None:
         q_real = torch.ones(batch_size, q_length, dtype=torch.bool, device=device)
@@ -136,6 +136,16 @@ def padding_layout(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
              "real tokens")
     if aligned and not is_tracing(q_real) and bool(q_real.all() & kv_real.all()):
         return None
+    if aligned and kv_length > 0:
+        # The op aligns a window bottom-right: query i of the run sits at key position i + k_count - q_count of
+        # its key run. With every query of a bidirectional mask real, that holds for left padding but shifted
+        # right-padded rows' windows by the padding (ModernBERT's local layers). So under a bidirectional window
+        # (the first query does not see the last key) the query run ends where the key run does; the trailing
+        # padding queries then see no key (zeros, as in transformers' flash-attention path, which drops
+        # padding). Without a window the alignment changes nothing, and a cross-attention's queries stay whole.
+        windowed = bidirectional & ~_first_query_sees(mask_function, q_pos, kv_pos[-1:])
+        aligned_end = torch.minimum(q_count, (k_start + k_count - q_start).clamp(min=0))
+        q_count = torch.where(windowed, aligned_end, q_count)
     layout = torch.stack((q_start, q_count, k_start, k_count), dim=1).to(torch.int32)
     return layout[:, :, None, None]
 
@@ -150,13 +160,13 @@ def _real_run(real: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     return start, count, (inside == real).all()
 
 
-def _sees_later_key(mask_function, q_pos: Tensor) -> Tensor:
-    """Whether ``mask_function`` lets the first query see the key one position after it (a bool tensor:
-    traced, no host read): True for bidirectional masks, False for causal ones (and without a function)."""
+def _first_query_sees(mask_function, q_pos: Tensor, key_pos: Tensor) -> Tensor:
+    """Whether ``mask_function`` lets the first query see the key at position ``key_pos`` (a 0-d tensor), as a
+    bool tensor (traced, no host read); False without a function or without queries."""
     if mask_function is None or q_pos.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=q_pos.device)
     first = torch.zeros(1, 1, dtype=torch.long, device=q_pos.device)
-    return mask_function(first, first, q_pos[None, :1], q_pos[None, :1] + 1).reshape(())
+    return mask_function(first, first, q_pos[None, :1], key_pos.reshape(1, 1)).reshape(())
 
 
 def _check_no_breaks(mask_function, batch_size: int, q_pos: Tensor, q_real: Tensor) -> None:
@@ -222,6 +232,10 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"attn_ops attention does not support the {name!r} argument; "
                                       f"use attn_implementation='eager' or 'sdpa' for this model")
+    if kwargs.get("output_attentions") and not torch.compiler.is_compiling():
+        # as transformers' own sdpa / flash-attention functions do: the weights are never formed
+        warnings.warn("attn_ops attention does not return attention weights (output_attentions=True): the "
+                      "model's `attentions` stay empty; use attn_implementation='eager' to get them", stacklevel=2)
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     window = sliding_window - 1 if sliding_window else -1

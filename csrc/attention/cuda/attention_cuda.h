@@ -7,6 +7,7 @@
 #include "common/cuda/index_checks.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include <optional>
 #include <tuple>
@@ -71,6 +72,8 @@ void checked_kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, c
                                const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
                                double scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
                                const KvCacheRows& rows, const at::Tensor& out, const at::Tensor& lse) {
+  // Before the first check kernel: it must run on q's device and see that device's capture state.
+  const c10::cuda::CUDAGuard device_guard(q.device());
   if (rows.packed()) {  // packed queries: [total_q, heads, dim]
     check_cu_seqlens_on_device(Op, "cu_seqlens_q", *rows.cu_seqlens_q, q.size(0), "q",
                                rows.max_seqlen_q.value_or(-1), "max_seqlen_q");

@@ -15,6 +15,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <limits>
+
 namespace attn_ops::cuda {
 namespace {
 
@@ -34,12 +37,14 @@ DevRows<T> out_rows(const at::Tensor& t, bool packed) {
   return dev_rows<T>(t.mutable_data_ptr<T>(), t, packed, false);
 }
 
+// `written`: the pass writes through it (a state updated in place, a final state, g1), so it takes the
+// mutable pointer (a copy-on-write tensor is then materialised first); read-only states take the const one.
 template <typename A>
-DevState<A> dev_state(const at::Tensor& t, bool transposed) {
+DevState<A> dev_state(const at::Tensor& t, bool transposed, bool written) {
   if (!t.defined()) {
     return {};
   }
-  A* base = const_cast<A*>(t.const_data_ptr<A>());
+  A* base = written ? t.mutable_data_ptr<A>() : const_cast<A*>(t.const_data_ptr<A>());
   return transposed ? DevState<A>{base, t.stride(0), t.stride(1), t.stride(3), t.stride(2)}
                     : DevState<A>{base, t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
 }
@@ -69,6 +74,8 @@ void launch(const PassArgs<in_t, out_t, A>& a, const char* op, const char* state
   if (blocks == 0) {
     return;
   }
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), op, ": batch x heads x ceil(head_dim_v / ",
+              kLightningCols, ") = ", blocks, " blocks exceeds the CUDA grid limit of 2^31 - 1");
   const size_t smem = lightning_smem_bytes<A>(a.dk);
   const size_t max_smem = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
   TORCH_CHECK(smem <= max_smem, op, ": ", state_dim, " ", a.dk, " needs ", smem,
@@ -108,8 +115,8 @@ void lightning_forward_cuda(const LightningProblem& p, const at::Tensor& q, cons
     a.out = out_rows<scalar_t>(out, p.varlen);
     a.dk = p.head_dim.expect_int();
     a.dv = p.head_dim_v.expect_int();
-    a.init = dev_state<A>(initial_state, false);
-    a.fin = dev_state<A>(final_state, false);
+    a.init = dev_state<A>(initial_state, false, /*written=*/false);
+    a.fin = dev_state<A>(final_state, false, /*written=*/true);
     a.out_scale = static_cast<A>(scale);
     launch(a, p.op, "head_dim");
   });
@@ -136,7 +143,7 @@ void lightning_backward_cuda(const LightningProblem& p, const at::Tensor& dout, 
       a.out = out_rows<scalar_t>(dq, p.varlen);
       a.dk = dv_dim;
       a.dv = dk_dim;
-      a.init = dev_state<A>(initial_state, true);
+      a.init = dev_state<A>(initial_state, true, /*written=*/false);
       a.out_scale = static_cast<A>(scale);
       launch(a, p.op, "head_dim_v");
     }
@@ -150,8 +157,8 @@ void lightning_backward_cuda(const LightningProblem& p, const at::Tensor& dout, 
       a.out = out_rows<A>(is_dk ? dk_heads : dv_heads, p.varlen);
       a.dk = is_dk ? dv_dim : dk_dim;
       a.dv = is_dk ? dk_dim : dv_dim;
-      a.init = dev_state<A>(dfinal_state, is_dk);
-      a.fin = is_dk ? DevState<A>{} : dev_state<A>(g1, false);
+      a.init = dev_state<A>(dfinal_state, is_dk, /*written=*/false);
+      a.fin = is_dk ? DevState<A>{} : dev_state<A>(g1, false, /*written=*/true);
       a.kv_scale = static_cast<A>(scale);
       a.reverse = true;
       a.decay_initial = false;
@@ -180,7 +187,7 @@ void lightning_decode_cuda(const LightningProblem& p, const at::Tensor& q, const
     a.dv = p.head_dim_v.expect_int();
     a.slots = slots.defined() ? slots.const_data_ptr<int32_t>() : nullptr;
     a.num_slots = state.size(0);
-    a.init = dev_state<A>(state, false);  // each block reads its tile of the slot and writes it back
+    a.init = dev_state<A>(state, false, /*written=*/true);  // each block reads its tile of the slot and writes it back
     a.fin = a.init;
     a.out_scale = static_cast<A>(scale);
     launch(a, p.op, "head_dim");
