@@ -111,6 +111,13 @@ def test_compile_fullgraph_dynamic():
         assert x.grad is not None
 
 
+def test_shared_projection_must_be_a_parameter():
+    """A plain tensor was stored as an attribute: not trained, not saved, not moved by .to()."""
+    with pytest.raises(TypeError, match=r"^LinformerSelfAttention: shared_projection must be an nn.Parameter \(the "
+                                        r"first layer's e_proj\), got Tensor$"):
+        LinformerSelfAttention(32, 4, 16, 4, sharing="layerwise", shared_projection=torch.zeros(4, 16))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"hidden_size": 30}, "LinformerSelfAttention: hidden_size expected a multiple of num_heads (4), got 30"),
     ({"num_kv_heads": 3}, "LinformerSelfAttention: num_kv_heads expected a divisor of num_heads (4), got 3"),

@@ -66,6 +66,23 @@ def test_decode_matches_transformers_token_loop():
     torch.testing.assert_close(pool.layer(1)[slots.long()], cache.get_linear_cache(1), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype, device", [(torch.bfloat16, None), (torch.float64, None), (None, "meta")])
+def test_module_factory_arguments_reach_every_parameter(dtype, device):
+    """The output norm ignored dtype= and device= (a bfloat16 module failed in its forward)."""
+    mod = LightningAttention(HIDDEN, HEADS, HEAD_DIM, dtype=dtype, device=device)
+    for name, p in mod.named_parameters():
+        assert p.dtype == (dtype or torch.float32) and p.device.type == (device or "cpu"), name
+    if device is None:
+        assert mod(torch.randn(2, 5, HIDDEN, dtype=dtype)).dtype == dtype
+
+
+def test_module_sizes_checked():
+    with pytest.raises(ValueError, match=r"^head_dim must be an int >= 1, got 0$"):  # it fell back to 32 // 4
+        LightningAttention(32, 4, head_dim=0)
+    with pytest.raises(ValueError, match=r"^num_heads must be an int >= 1, got 0$"):
+        LightningAttention(32, 0)
+
+
 def test_module_is_differentiable():
     mod = LightningAttention(HIDDEN, HEADS, HEAD_DIM)
     x = torch.randn(2, 20, HIDDEN, requires_grad=True)

@@ -436,6 +436,28 @@ def assert_cached_equals_full(mod, x, kind="contig"):
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=tol, atol=tol)
 
 
+def test_absorbed_weights_made_under_inference_mode_not_reused_in_grad_mode():
+    """Copies made under torch.inference_mode() are inference tensors; reused by a later cached step in grad mode
+    they could not be saved for backward, and that step raised."""
+    mod = build("q_lora", torch.float32, "cpu")
+    x = rand_x(2, 3, mod.hidden_size, torch.float32, "cpu")
+    with torch.inference_mode():
+        cache = make_cache("contig", 2, 2, 16, mod, torch.float32, "cpu")
+        made = mod(x, cache=cache)
+    cache = make_cache("contig", 2, 2, 16, mod, torch.float32, "cpu")
+    assert not mod.absorbed_weights()[0].is_inference()
+    torch.testing.assert_close(mod(x, cache=cache), made, rtol=1e-6, atol=1e-6)
+
+
+def test_cache_of_another_latent_split_is_refused():
+    mod = MultiHeadLatentAttention(32, 2, None, 8, 4, 4, 4)
+    cache = LatentKVCache(1, 2, 16, 6, 6)  # 12 values per token, as the module's 8 + 4, split otherwise
+    with pytest.raises(ValueError, match=r"^MultiHeadLatentAttention: the cache holds kv_lora_rank 6 \+ rope_dim 6 "
+                                         r"per token, this module kv_lora_rank 8 \+ qk_rope_head_dim 4$"):
+        with torch.no_grad():
+            mod(torch.randn(2, 1, 32), cache=cache)
+
+
 def test_absorbed_weights_refresh(device):
     dtype = torch.float32
     mod = build("q_lora", dtype, device)

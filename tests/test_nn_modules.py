@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 
 import attn_ops
-from attn_ops.nn import (GroupedQueryAttention, KVCache, MultiHeadAttention, MultiQueryAttention,
-                         OutOfBlocksError, PagedKVCache)
+from attn_ops.nn import (GroupedQueryAttention, KVCache, MultiHeadAttention, MultiHeadLatentAttention,
+                         MultiQueryAttention, OutOfBlocksError, PagedKVCache)
 from reference import assert_close_to_ref
 from model_helpers import (cache_factory, cached_step, check_paged_equals_contiguous,
                            check_prefill_then_decode, check_ragged_prompts_right_padded, default_positions,
@@ -433,6 +433,50 @@ def test_paged_truncate_frees_blocks(device):
     assert c.lengths().tolist() == [3, 9]
     assert len(c.row_blocks(0)) == 1 and len(c.row_blocks(1)) == 3 and c.num_free_blocks == 4
     assert c.block_table[0, 1:].tolist() == [8, 8]
+
+
+def test_paged_reserve_and_free_rows_take_integers_only():
+    """reserve(torch.tensor(5)) / reserve(np.int64(5)) reserved for row 0 only (only a Python int meant every row)
+    and 4.9 became 4; free_rows with a bool mask freed rows 0 and 1 (True / False as indices)."""
+    np = pytest.importorskip("numpy")
+    for count in (5, torch.tensor(5), np.int64(5)):
+        c = PagedKVCache(1, 12, 4, 1, 8, 3, 4)
+        assert c.reserve(count) == 6 and [len(c.row_blocks(r)) for r in range(3)] == [2, 2, 2]
+    c = PagedKVCache(1, 12, 4, 1, 8, 3, 4)
+    for bad, dtype in ((4.9, "torch.float32"), (True, "torch.bool"), ([2, 1.5], "torch.float32")):
+        with pytest.raises(ValueError, match=rf"^PagedKVCache.reserve: num_new_tokens must be integers, got {dtype}$"):
+            c.reserve(bad)
+    assert c.num_free_blocks == 12
+    c.reserve(4)
+    for bad in (torch.tensor([True, False, False]), [1.9]):
+        with pytest.raises(ValueError, match=r"^PagedKVCache.free_rows: rows must be integers, got torch\.(bool|float32)$"):
+            c.free_rows(bad)
+    assert [len(c.row_blocks(r)) for r in range(3)] == [1, 1, 1]
+    with pytest.raises(ValueError, match=r"^KVCache.free_rows: rows must be integers, got torch.bool$"):
+        KVCache(1, 3, 8, 1, 8).free_rows(torch.tensor([False, False, True]))
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_meta_init_then_to_empty_computes_the_rotary_tables(kind):
+    """A meta-device init, to_empty() and load_state_dict(): the rotary tables are non-persistent buffers, so
+    nothing restored them and the outputs were NaN (uninitialised memory). Leaving meta now computes them."""
+    if kind == "gqa":
+        make = lambda device: GroupedQueryAttention(32, 4, 2, device=device)  # noqa: E731
+    else:
+        make = lambda device: MultiHeadLatentAttention(32, 2, None, 8, 4, 4, 4, device=device)  # noqa: E731
+    ref = make(None)
+    mod = make("meta").to_empty(device="cpu")
+    mod.load_state_dict(ref.state_dict())
+    assert torch.equal(mod.rope_cos, ref.rope_cos) and torch.equal(mod.rope_sin, ref.rope_sin)
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(mod(x), ref(x), rtol=0, atol=0)
+
+
+def test_module_sizes_checked_before_use():
+    with pytest.raises(ValueError, match=r"^num_heads must be an int >= 1, got 0$"):  # was a ZeroDivisionError
+        GroupedQueryAttention(64, 0, 1)
+    with pytest.raises(ValueError, match=r"^max_position_embeddings must be an int >= 1, got 0$"):
+        GroupedQueryAttention(64, 4, 1, max_position_embeddings=0)
 
 
 def test_paged_append_without_reserve_raises(device):

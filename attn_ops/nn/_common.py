@@ -10,6 +10,15 @@ from torch import Tensor, nn
 from .. import ops as _ops
 
 
+def integer_values(what: str, name: str, values) -> Tensor:
+    """``values`` (an int, a sequence or a tensor) as a 1-D int64 CPU tensor; ``ValueError`` for bools and
+    non-integers, which would otherwise become 0 / 1 or be truncated (1.9 -> 1) without a word."""
+    given = torch.as_tensor(values)
+    if given.numel() and (given.dtype.is_floating_point or given.dtype.is_complex or given.dtype == torch.bool):
+        raise ValueError(f"{what}: {name} must be integers, got {given.dtype}")
+    return given.reshape(-1).to("cpu", torch.int64)
+
+
 def check_positive(name: str, value: int, minimum: int = 1) -> int:
     """``value`` as an int >= ``minimum`` (bools refused), else ``ValueError`` naming ``name``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -41,16 +50,18 @@ class RotaryTables(nn.Module):
         # The tables before the cast (float32 / float64): maybe the caller's own (YaRN), which must survive it.
         cos, sin = self.rope_cos, self.rope_sin
         super()._apply(fn, recurse)
-        after = self.rope_cos.dtype
-        if after == torch.float32 or after == cos.dtype == torch.float64:
+        after, device = self.rope_cos.dtype, self.rope_cos.device
+        # Tables on the meta device hold no values: leaving it (to_empty() after a meta-device init) must compute
+        # them, since load_state_dict does not restore these non-persistent buffers.
+        left_meta = cos.device.type == "meta" and device.type != "meta"
+        if not left_meta and (after == torch.float32 or after == cos.dtype == torch.float64):
             return self  # cast as wanted (float64 -> float32 rounds the better tables)
         # float32 tables for float16 / bfloat16 modules, float64 for float64 ones (_init_rotary's rule)
         table_dtype = torch.float64 if after == torch.float64 else torch.float32
-        device = self.rope_cos.device
-        if table_dtype == torch.float64 and self._default_tables(cos, sin):
-            # float32 defaults to float64: recomputed, an upcast would keep float32's error
+        if left_meta or (table_dtype == torch.float64 and self._default_tables(cos, sin)):
+            # computed: from meta, or float32 defaults to float64 (an upcast would keep float32's error)
             cos, sin = _ops.rotary_cos_sin(self.max_position_embeddings, self.rotary_dim, self.rope_theta,
-                                           dtype=torch.float64, device=device)
+                                           dtype=table_dtype, device=device)
         # else the tables from before the cast (a float16 copy would have lost digits), in table_dtype
         self.rope_cos, self.rope_sin = cos.to(device, table_dtype), sin.to(device, table_dtype)
         return self

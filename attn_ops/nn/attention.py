@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from .. import ops as _ops
 from .._deprecation import deprecated_arguments, renamed_attribute
-from ._common import RotaryTables, positions_for, rotate
+from ._common import RotaryTables, check_positive, positions_for, rotate
 from .cache import KVCache, PagedKVCache
 
 __all__ = ["GroupedQueryAttention", "MultiQueryAttention", "MultiHeadAttention"]
@@ -58,6 +58,9 @@ class GroupedQueryAttention(RotaryTables):
                  rope_interleaved: bool = False, max_position_embeddings: int = 4096, device=None,
                  dtype=None, *, softmax_scale: Optional[float] = None):
         super().__init__()
+        check_positive("hidden_size", hidden_size)
+        check_positive("num_heads", num_heads)  # before the division below (0 raised ZeroDivisionError)
+        check_positive("max_position_embeddings", max_position_embeddings)
         if head_dim is None:
             if hidden_size % num_heads:
                 raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of num_heads ({num_heads}) "

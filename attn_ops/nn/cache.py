@@ -47,7 +47,7 @@ from torch import Tensor
 from .. import _huge_pages
 from .. import ops as _ops
 from .._deprecation import deprecated_arguments, renamed_attribute
-from ._common import check_positive
+from ._common import check_positive, integer_values
 
 __all__ = ["KVCache", "PagedKVCache", "LatentKVCache", "PagedLatentKVCache", "OutOfBlocksError"]
 
@@ -85,11 +85,7 @@ def _allocate_layers(num_layers: int, rows: Tuple[int, int], num_kv_heads: int, 
 
 
 def _row_list(rows: Rows, n: int, what: str) -> List[int]:
-    if isinstance(rows, Tensor):
-        rows = rows.reshape(-1).tolist()
-    elif isinstance(rows, int):
-        rows = [rows]
-    rows = [int(r) for r in rows]
+    rows = integer_values(what, "rows", rows).tolist()  # a bool mask would have freed rows 0 and 1
     for r in rows:
         if not 0 <= r < n:
             raise IndexError(f"{what}: row {r} is out of range [0, {n})")
@@ -151,10 +147,7 @@ class _CacheBase:
         """Set the lengths of rows ``0 .. len(lengths)-1`` to ``lengths`` (each at most the current
         length), e.g. after a right-padded prefill of prompts of different lengths."""
         name = f"{type(self).__name__}.truncate"
-        given = torch.as_tensor(lengths)
-        if given.numel() and (given.dtype.is_floating_point or given.dtype.is_complex or given.dtype == torch.bool):
-            raise ValueError(f"{name}: lengths must be integers, got {given.dtype}")  # 2.7 would become 2
-        new = given.to(torch.int32).reshape(-1).cpu()
+        new = integer_values(name, "lengths", lengths).to(torch.int32)
         n = new.shape[0]
         if n > self.seqlens.shape[0]:
             raise ValueError(f"{name}: got {n} lengths for a cache of {self.seqlens.shape[0]} rows")
@@ -325,16 +318,17 @@ class _PagedBase(_CacheBase):
         other rows get 0). Reads the lengths back to the host. Idempotent for a given step (blocks
         already assigned are kept). Returns the number of blocks assigned by this call.
         """
-        if isinstance(num_new_tokens, int):
-            counts = [num_new_tokens] * self.batch_size
+        name = f"{type(self).__name__}.reserve"
+        counts = integer_values(name, "num_new_tokens", num_new_tokens).tolist()
+        if torch.as_tensor(num_new_tokens).dim() == 0:  # an int, a 0-d tensor or a NumPy integer: every row
+            counts = counts * self.batch_size
         else:
-            counts = [int(c) for c in torch.as_tensor(num_new_tokens).reshape(-1).tolist()]
             if len(counts) > self.batch_size:
-                raise ValueError(f"{type(self).__name__}.reserve: got {len(counts)} counts for a cache "
+                raise ValueError(f"{name}: got {len(counts)} counts for a cache "
                                  f"of {self.batch_size} rows")
             counts += [0] * (self.batch_size - len(counts))
         if any(c < 0 for c in counts):
-            raise ValueError(f"{type(self).__name__}.reserve: token counts must be >= 0, got {counts}")
+            raise ValueError(f"{name}: token counts must be >= 0, got {counts}")
         lengths = self.seqlens.tolist()
         need = []
         for b, (n, L) in enumerate(zip(counts, lengths)):

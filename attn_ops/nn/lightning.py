@@ -42,9 +42,9 @@ def minimax_slope_rate(num_heads: int, layer_idx: int, num_layers: int) -> Tenso
 class _RMSNorm(nn.Module):
     """RMS norm over the last dim, computed in float32 (MiniMax's ``MiniMaxRMSNorm``)."""
 
-    def __init__(self, size: int, eps: float = 1e-6):
+    def __init__(self, size: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype))
         self.variance_epsilon = eps
 
     def forward(self, x: Tensor) -> Tensor:
@@ -71,13 +71,18 @@ class LightningAttention(nn.Module):
                  device=None, dtype=None):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
-        self.head_dim = head_dim or hidden_size // num_heads
+        check_positive("hidden_size", hidden_size)
+        check_positive("num_heads", num_heads)
+        self.head_dim = hidden_size // num_heads if head_dim is None else check_positive("head_dim", head_dim)
+        if self.head_dim == 0:
+            raise ValueError(f"hidden_size // num_heads must be >= 1 when head_dim is not given, got {hidden_size} "
+                             f"// {num_heads}")
         self.num_attention_heads = num_heads
         self.layer_idx = layer_idx
         self.block_size = block_size
         inner = num_heads * self.head_dim
         self.act_fn = _activation(hidden_act)
-        self.norm = _RMSNorm(inner, eps)
+        self.norm = _RMSNorm(inner, eps, **kw)
         self.qkv_proj = nn.Linear(hidden_size, 3 * inner, bias=False, **kw)
         self.out_proj = nn.Linear(inner, hidden_size, bias=False, **kw)
         self.output_gate = nn.Linear(hidden_size, inner, bias=False, **kw)

@@ -76,6 +76,10 @@ class LinformerSelfAttention(nn.Module):
         if shared_projection is not None and sharing != "layerwise":
             raise ValueError(f"LinformerSelfAttention: shared_projection expected only with sharing='layerwise', "
                              f"got sharing={sharing!r}")
+        if shared_projection is not None and not isinstance(shared_projection, nn.Parameter):
+            # a plain tensor would be stored as an attribute: not trained, not saved, not moved by .to()
+            raise TypeError(f"LinformerSelfAttention: shared_projection must be an nn.Parameter (the first layer's "
+                            f"e_proj), got {type(shared_projection).__name__}")
         if shared_projection is not None and tuple(shared_projection.shape) != (proj_len, seq_len):
             raise ValueError(f"LinformerSelfAttention: shared_projection expected shape ({proj_len}, {seq_len}) "
                              f"[proj_len, seq_len], got {tuple(shared_projection.shape)}")

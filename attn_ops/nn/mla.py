@@ -151,7 +151,9 @@ class MultiHeadLatentAttention(RotaryTables):
             return self._split_kv_b(w)
         key = None
         if not w.is_inference() and w.device.type != "meta":
-            key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
+            # copies made under inference_mode are inference tensors, which a later step in grad mode could
+            # not save for backward: they are kept apart
+            key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape), torch.is_inference_mode_enabled())
         cached = self._absorbed
         if key is not None and cached is not None and cached[0] == key and cached[1]() is w:
             return cached[2], cached[3]
@@ -233,6 +235,11 @@ class MultiHeadLatentAttention(RotaryTables):
         if cache is not None and not isinstance(cache, _LatentCacheBase):
             raise TypeError(f"MultiHeadLatentAttention needs a LatentKVCache or PagedLatentKVCache, "
                             f"got {type(cache).__name__}")
+        if cache is not None and (cache.kv_lora_rank, cache.rope_dim) != (self.kv_lora_rank, rope):
+            # a row of the same width split otherwise would be read right, but the cache would describe it wrong
+            raise ValueError(f"MultiHeadLatentAttention: the cache holds kv_lora_rank {cache.kv_lora_rank} + rope_dim "
+                             f"{cache.rope_dim} per token, this module kv_lora_rank {self.kv_lora_rank} + "
+                             f"qk_rope_head_dim {rope}")
         positions = positions_for(positions, B, T, x.device, cache)
         # with a cache, rotate in place (tensors that require grad still rotate out of place)
         q_pe = rotate(q_pe, cos, sin, positions, interleaved=True, in_place=cache is not None)
