@@ -20,7 +20,8 @@ namespace attn_ops::cpu {
 template <typename acc_t>
 struct AdditiveScoreFns {
   acc_t (*tanh_form[2])(const acc_t* q, const acc_t* k, const acc_t* w, acc_t* t, int64_t hidden);
-  acc_t (*exp_form[2])(const acc_t* eq, const acc_t* ek, const acc_t* w, acc_t w_sum, acc_t* t, int64_t hidden);
+  acc_t (*exp_form[2])(const acc_t* q, const acc_t* k, const acc_t* eq, const acc_t* ek, const acc_t* w, acc_t* t,
+                       int64_t hidden);
 };
 
 #define ATTN_OPS_DECLARE_ADDITIVE_SCORE(ns) \
@@ -62,7 +63,7 @@ class AdditiveScorer {
   AdditiveScorer(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& w)
       : eq_(at::exp(qp * 2)), ek_(at::exp(kp * 2)), hidden_(qp.size(2)), query_len_(qp.size(1)),
         key_len_(kp.size(1)), q_(qp.const_data_ptr<acc_t>()), k_(kp.const_data_ptr<acc_t>()),
-        w_(w.const_data_ptr<acc_t>()), w_sum_(w.sum().item<acc_t>()), fns_(score_fns_for_this_cpu<acc_t>()) {
+        w_(w.const_data_ptr<acc_t>()), fns_(score_fns_for_this_cpu<acc_t>()) {
     const int64_t B = qp.size(0);
     if (B > 0 && hidden_ > 0) {
       const at::Tensor q_ok = query_len_ ? qp.abs().amax({1, 2}).le(exp_limit<acc_t>()) : at::ones({B}, at::kBool);
@@ -78,8 +79,8 @@ class AdditiveScorer {
   template <bool kStore>
   acc_t pair(int64_t b, int64_t row, int64_t key, acc_t* t) const {
     if (fast_[b]) {
-      return fns_.exp_form[kStore](eq_.const_data_ptr<acc_t>() + row * hidden_,
-                                   ek_.const_data_ptr<acc_t>() + key * hidden_, w_, w_sum_, t, hidden_);
+      return fns_.exp_form[kStore](q_ + row * hidden_, k_ + key * hidden_, eq_.const_data_ptr<acc_t>() + row * hidden_,
+                                   ek_.const_data_ptr<acc_t>() + key * hidden_, w_, t, hidden_);
     }
     return fns_.tanh_form[kStore](q_ + row * hidden_, k_ + key * hidden_, w_, t, hidden_);
   }
@@ -88,7 +89,6 @@ class AdditiveScorer {
   at::Tensor eq_, ek_;  // exp(2 qp), exp(2 kp)
   int64_t hidden_, query_len_, key_len_;
   const acc_t *q_, *k_, *w_;
-  acc_t w_sum_;
   std::vector<bool> fast_;
   AdditiveScoreFns<acc_t> fns_;
 };
