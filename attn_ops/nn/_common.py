@@ -10,11 +10,16 @@ from torch import Tensor, nn
 from .. import ops as _ops
 
 
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` holds integers (bool does not count: as an index, True / False would be rows 1 / 0)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def integer_values(what: str, name: str, values) -> Tensor:
     """``values`` (an int, a sequence or a tensor) as a 1-D int64 CPU tensor; ``ValueError`` for bools and
     non-integers, which would otherwise become 0 / 1 or be truncated (1.9 -> 1) without a word."""
     given = torch.as_tensor(values)
-    if given.numel() and (given.dtype.is_floating_point or given.dtype.is_complex or given.dtype == torch.bool):
+    if given.numel() and not is_integer_dtype(given.dtype):
         raise ValueError(f"{what}: {name} must be integers, got {given.dtype}")
     return given.reshape(-1).to("cpu", torch.int64)
 

@@ -319,8 +319,9 @@ class _PagedBase(_CacheBase):
         already assigned are kept). Returns the number of blocks assigned by this call.
         """
         name = f"{type(self).__name__}.reserve"
-        counts = integer_values(name, "num_new_tokens", num_new_tokens).tolist()
-        if torch.as_tensor(num_new_tokens).dim() == 0:  # an int, a 0-d tensor or a NumPy integer: every row
+        given = torch.as_tensor(num_new_tokens)
+        counts = integer_values(name, "num_new_tokens", given).tolist()
+        if given.dim() == 0:  # an int, a 0-d tensor or a NumPy integer: every row
             counts = counts * self.batch_size
         else:
             if len(counts) > self.batch_size:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from ._common import check_positive
+from ._common import check_positive, is_integer_dtype
 
 __all__ = ["LightningAttention", "LinearAttentionState", "OutOfSlotsError", "minimax_slope_rate"]
 
@@ -152,8 +152,9 @@ class LinearAttentionState:
     def __init__(self, num_layers: int, num_slots: int, num_heads: int, head_dim: int,
                  head_dim_v: Optional[int] = None, *, dtype: torch.dtype = torch.float32, device=None):
         check_positive("num_layers", num_layers)
+        head_dim_v = head_dim if head_dim_v is None else head_dim_v
         shape = (check_positive("num_slots", num_slots), check_positive("num_heads", num_heads),
-                 check_positive("head_dim", head_dim), check_positive("head_dim_v", head_dim if head_dim_v is None else head_dim_v))
+                 check_positive("head_dim", head_dim), check_positive("head_dim_v", head_dim_v))
         self.states: List[Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self._free = list(range(num_slots))
 
@@ -220,7 +221,7 @@ class LinearAttentionState:
         index = torch.as_tensor(slots, device=self.device)
         if index.numel() == 0 and index.dim() == 1:  # [] is float32 to torch.as_tensor
             return index.long()
-        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool or index.dim() > 1:
+        if not is_integer_dtype(index.dtype) or index.dim() > 1:
             raise ValueError(f"LinearAttentionState.{method}: {name} must be a list or 1-D tensor of slot numbers, "
                              f"got {index.dtype} of shape {tuple(index.shape)}")
         bad = index[(index < 0) | (index >= self.num_slots)]

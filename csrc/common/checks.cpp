@@ -19,6 +19,8 @@ bool can_read_values(const at::Tensor& t) {
   return !t.is_cuda();
 }
 
+namespace {
+
 void check_not_inference_tensor(const char* op, const char* name, const at::Tensor& out) {
   // PyTorch's own in-place ops refuse this too (an inference tensor has no version counter). Without this check
   // ours raised only at the version bump after the write (common/no_autograd.cpp), or not at all when no
@@ -28,6 +30,8 @@ void check_not_inference_tensor(const char* op, const char* name, const at::Tens
               "only lets be written in place under torch.inference_mode(); run the call under it too, or clone() the "
               "tensor outside it");
 }
+
+}  // namespace
 
 void check_in_place_target(const char* op, const NamedTensor& target, std::initializer_list<NamedTensor> others) {
   const at::Tensor& out = target.tensor;

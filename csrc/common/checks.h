@@ -85,13 +85,10 @@ struct NamedTensor {
   const at::Tensor& tensor;
 };
 
-// The tensor `name` that an in-place op writes is not an inference tensor, unless under torch.inference_mode().
-void check_not_inference_tensor(const char* op, const char* name, const at::Tensor& out);
-
 // The tensor `name` that an in-place op writes: no two of its elements may share memory (a dimension of
-// stride 0, as expand() makes), and it may not overlap any of `others` (the op's other arguments), as
-// PyTorch's own in-place ops require, and check_not_inference_tensor. Skipped for meta / fake tensors (no memory
-// to compare).
+// stride 0, as expand() makes; checked on Meta too, from the strides), and, except on Meta (no memory to
+// compare), it may not overlap any of `others` (the op's other arguments), as PyTorch's own in-place ops
+// require, nor be an inference tensor outside torch.inference_mode().
 void check_in_place_target(const char* op, const NamedTensor& target, std::initializer_list<NamedTensor> others);
 
 // All of `tensors` are on one device; otherwise the message lists every argument's device, so the odd one
