@@ -52,15 +52,15 @@ def gather_cache_row(cache, b, L, block_table=None):
 
 def attention_with_kvcache_ref(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
                                causal=True, window_left=-1, window_right=-1, softcap=0.0,
-                               compute_dtype=torch.float64):
-    """(out [B, Tq, Hq, Dv], lse [B, Hq, Tq]) in compute_dtype, one row at a time."""
+                               compute_dtype=torch.float64, p_dtype=None):
+    """(out [B, Tq, Hq, Dv], lse [B, Hq, Tq]) in compute_dtype, one row at a time (p_dtype: as attention_ref)."""
     outs, lses = [], []
     for b, L in enumerate(cache_seqlens.cpu().tolist()):
         k = gather_cache_row(k_cache, b, L, block_table).unsqueeze(0)
         v = gather_cache_row(v_cache, b, L, block_table).unsqueeze(0)
         o, l = attention_ref(q[b:b + 1], k, v, scale=scale, causal=causal,
                              window_left=window_left, window_right=window_right, softcap=softcap,
-                             compute_dtype=compute_dtype)
+                             compute_dtype=compute_dtype, p_dtype=p_dtype)
         outs.append(o)
         lses.append(l)
     B, Tq, Hq = q.shape[:3]

@@ -43,9 +43,10 @@ def paged_mla_cache_append_ref_(latent_cache, c_kv, k_pe, slot_mapping):
 # --------------------------------------------------------------------------------------------------
 # mla_decode, direct (absorbed) form
 # --------------------------------------------------------------------------------------------------
-def _softmax_rows(s, vis):
+def _softmax_rows(s, vis, p_dtype=None):
     """(P, lse) of scores s [..., Tk] restricted to vis; rows without a visible key: P = 0,
-    lse = -inf."""
+    lse = -inf. With p_dtype, exp(s - max) is rounded to it before the division by the (unrounded) sum, as
+    the kernels round P."""
     if s.shape[-1] == 0:
         return s.clone(), s.new_full(s.shape[:-1], NEG_INF)
     masked = torch.where(vis, s, torch.full_like(s, NEG_INF))
@@ -55,15 +56,16 @@ def _softmax_rows(s, vis):
     e = torch.where(vis, torch.exp(masked - m), torch.zeros_like(s))
     l = e.sum(dim=-1, keepdim=True)
     has = l != 0
-    p = e / torch.where(has, l, torch.ones_like(l))
+    p = (e if p_dtype is None else e.to(p_dtype).to(e.dtype)) / torch.where(has, l, torch.ones_like(l))
     lse = torch.where(has, m + torch.log(torch.where(has, l, torch.ones_like(l))),
                       torch.full_like(l, NEG_INF))
     return p, lse.squeeze(-1)
 
 
 def mla_decode_ref(q_latent, q_rope, latent_cache, cache_seqlens, *, scale, block_table=None,
-                   causal=True, compute_dtype=torch.float64):
-    """(out_latent [B, Tq, H, d_c], lse [B, H, Tq]) in compute_dtype, one batch row at a time."""
+                   causal=True, compute_dtype=torch.float64, p_dtype=None):
+    """(out_latent [B, Tq, H, d_c], lse [B, H, Tq]) in compute_dtype, one batch row at a time (p_dtype: as
+    _softmax_rows)."""
     B, Tq, H, d_c = q_latent.shape
     cdt = compute_dtype
     outs, lses = [], []
@@ -76,7 +78,7 @@ def mla_decode_ref(q_latent, q_rope, latent_cache, cache_seqlens, *, scale, bloc
         s = (torch.mm(ql, c_kv.t()) + torch.mm(qr, k_pe.t())) * scale      # [(Tq, H), L]
         s = s.reshape(Tq, H, L).permute(1, 0, 2)                           # [H, Tq, L]
         vis = visible_mask(Tq, L, causal=causal, device=s.device).expand(H, Tq, L)
-        p, lse = _softmax_rows(s, vis)                                     # [H, Tq, L], [H, Tq]
+        p, lse = _softmax_rows(s, vis, p_dtype)                            # [H, Tq, L], [H, Tq]
         o = torch.mm(p.permute(1, 0, 2).reshape(Tq * H, L), c_kv)          # [(Tq, H), d_c]
         outs.append(o.reshape(Tq, H, d_c))
         lses.append(lse)

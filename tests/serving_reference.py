@@ -56,7 +56,7 @@ def attention_with_kvcache_serving_ref(q, k_cache, v_cache, cache_seqlens, *, bl
 
 def mla_decode_serving_ref(q_latent, q_rope, latent_cache, cache_seqlens, *, scale, block_table=None,
                            causal=True, cu_seqlens_q=None, cache_batch_idx=None, cache_leftpad=None,
-                           compute_dtype=torch.float64):
+                           compute_dtype=torch.float64, p_dtype=None):
     """(out_latent, lse) of mla_decode with the serving arguments, one row at a time."""
     lens = cache_seqlens.cpu().tolist()
     B = len(lens)
@@ -69,7 +69,7 @@ def mla_decode_serving_ref(q_latent, q_rope, latent_cache, cache_seqlens, *, sca
         rows = row_keys(latent_cache, idx[b], pad[b], lens[b], block_table)
         n = torch.tensor([rows.shape[0]], dtype=torch.int32)
         o, l = mla_decode_ref(ql.unsqueeze(0), qr.unsqueeze(0), rows.unsqueeze(0), n, scale=scale, causal=causal,
-                              compute_dtype=compute_dtype)
+                              compute_dtype=compute_dtype, p_dtype=p_dtype)
         outs.append(o[0])
         lses.append(l[0])
     if packed:
