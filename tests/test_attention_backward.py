@@ -289,7 +289,7 @@ def test_attention_backward_direct(dtype, varlen, with_dlse, device):
     for g, a in zip((dq, dk, dv), same_op):
         torch.testing.assert_close(g, a, rtol=0, atol=0)
     r64 = ref_grads(q, k, v, dout, dlse, torch.float64, **kw)
-    same = ref_grads(q, k, v, dout, dlse, dtype, **kw)
+    same = same_dtype_grads(q, k, v, dout, dlse, **kw)
     for name, g, r, s in zip(("dq", "dk", "dv"), (dq, dk, dv), r64, same):
         assert_close_to_ref(g, r, s, name=name, rounded_intermediates=True)
 

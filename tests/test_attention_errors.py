@@ -1,6 +1,7 @@
 """Bad-input tests: every error message of docs/attention_api.md, for attention and
-attention_backward, plus nasty inputs that must give a clean RuntimeError or a correct result
-(never a crash: they are first run in a child process, so a crash fails only its own case).
+attention_backward, plus nasty inputs, each stated valid (the reference's values and gradients) or
+invalid (its documented message); never a crash: they are first run in a child process, so a crash
+fails only its own case.
 """
 
 import re
@@ -11,7 +12,8 @@ import torch
 import attn_ops
 import crash_isolation
 from error_helpers import expect_error, rand, strided
-from reference import assert_close_to_ref, attention_ref, cu_seqlens, ref_kwargs, same_dtype_ref
+from reference import assert_attention_close_to_ref, assert_close_to_ref, cu_seqlens, ref_kwargs
+from test_attention_backward import ref_grads, same_dtype_grads
 
 FNS = ["attention", "attention_backward"]
 
@@ -407,31 +409,37 @@ def test_autograd_path_raises_same_message(device):
 
 
 # --------------------------------------------------------------------------------------------------
-# Nasty inputs: a clean RuntimeError or a correct result, never a crash
+# Nasty inputs: each is either valid (the reference's values, gradients included) or invalid (its
+# documented message), never a crash
 # --------------------------------------------------------------------------------------------------
-def error_or_correct(q, k, v, backward=False, **kw):
-    """Run the op; a RuntimeError is fine, otherwise the result must match the reference."""
-    try:
-        out, lse = attn_ops.attention(q, k, v, **kw)
-    except RuntimeError:
-        return None
-    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
-    r_out, r_lse = attention_ref(q, k, v, **ref_kwargs(kw))
-    s_out, s_lse = same_dtype_ref(attention_ref, q, k, v, **ref_kwargs(kw), compute_dtype=q.dtype)
-    assert out.shape == r_out.shape and lse.shape == r_lse.shape
-    if out.numel():
-        assert_close_to_ref(out, r_out, s_out, name="out")
-    if lse.numel():
-        assert_close_to_ref(lse, r_lse, s_lse, name="lse")
+def valid(q, k, v, backward=False, **kw):
+    """A documented-valid input: the op must not raise; out / lse match the float64 reference with
+    the tolerance rule and, with `backward`, attention_backward (through out and lse) matches autograd
+    through it (gradients computed in float32 from the same inputs, rounded once, as baseline)."""
+    out, lse = attn_ops.attention(q, k, v, **kw)
+    assert_attention_close_to_ref((out, lse), (q, k, v), **ref_kwargs(kw))
     if backward:
-        try:
-            g = attn_ops.attention_backward(torch.randn_like(out), q, k, v, out, lse,
-                                            dlse=torch.randn_like(lse), **kw)
-        except RuntimeError:
-            return None
-        for t, x in zip(g, (q, k, v)):
-            assert t.shape == x.shape and torch.isfinite(t).all()
+        dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+        grads = attn_ops.attention_backward(dout, q, k, v, out, lse, dlse=dlse, **kw)
+        if out.numel() + lse.numel():
+            r64 = ref_grads(q, k, v, dout, dlse, torch.float64, **kw)
+            same = same_dtype_grads(q, k, v, dout, dlse, **kw)
+        else:  # no output element: every gradient is 0
+            r64 = same = (None,) * 3
+        for name, g, r, s, x in zip(("dq", "dk", "dv"), grads, r64, same, (q, k, v)):
+            assert g.shape == x.shape and g.dtype == x.dtype
+            # None: an input no output depends on (autograd's answer for an empty batch)
+            r = torch.zeros_like(x, dtype=torch.float64) if r is None else r
+            s = torch.zeros_like(x) if s is None else s
+            assert_close_to_ref(g, r, s, name=name)
     return out, lse
+
+
+def invalid(message, q, k, v, backward=False, **kw):
+    """A documented-invalid input: attention (and, with `backward`, attention_backward) raise a
+    RuntimeError with the documented message, which names the argument."""
+    for fn in FNS if backward else FNS[:1]:
+        raises(fn, message, q, k, v, **kw)
 
 
 def _dense(B, Tq, Tk, Hq, Hkv, D, Dv=None, dtype=torch.float32):
@@ -448,80 +456,85 @@ def _varlen(lens_q, lens_k, Hq=4, Hkv=2, D=16):
 
 def _huge_window(wl, wr, causal=False):
     q, k, v = _dense(2, 7, 9, 4, 2, 16)
-    res = error_or_correct(q, k, v, causal=causal, window_left=wl, window_right=wr,
-                           backward=True)
-    if res is not None:   # a huge window is the same as an unbounded one
-        ref = attn_ops.attention(q, k, v, causal=causal, window_left=-1,
-                                 window_right=-1 if not causal else 0)
-        torch.testing.assert_close(res[0], ref[0], rtol=1e-6, atol=1e-6)
+    out, lse = valid(q, k, v, causal=causal, window_left=wl, window_right=wr, backward=True)
+    # a huge window is the same as an unbounded one
+    ref = attn_ops.attention(q, k, v, causal=causal, window_left=-1,
+                             window_right=-1 if not causal else 0)
+    torch.testing.assert_close(out, ref[0], rtol=1e-6, atol=1e-6)
 
 
-def _varlen_case(lens_q, lens_k, **kw):
+def _varlen_valid(lens_q, lens_k, **kw):
     (q, k, v), cu = _varlen(lens_q, lens_k)
-    error_or_correct(q, k, v, backward=True, **cu, **kw)
+    valid(q, k, v, backward=True, **cu, **kw)
+
+
+def _varlen_invalid(message, lens_q, lens_k, **kw):
+    (q, k, v), cu = _varlen(lens_q, lens_k)
+    invalid(message, q, k, v, backward=True, **cu, **kw)
 
 
 def _noncontiguous_cu():
     (q, k, v), _ = _varlen([3, 4], [5, 2])
     cq = torch.tensor([0, 99, 3, 99, 7], dtype=torch.int32)[::2]
     ck = torch.tensor([0, 99, 5, 99, 7], dtype=torch.int32)[::2]
-    error_or_correct(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=True)
-
-
-def _softcap_nan():
-    q, k, v = _dense(1, 4, 4, 2, 1, 8)
-    with pytest.raises(RuntimeError):   # NaN is not >= 0; it must not produce NaN outputs
-        attn_ops.attention(q, k, v, softcap=float("nan"))
+    valid(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=True)
 
 
 def _stride0_everywhere():
     q = torch.randn(1, 1, 1, 32).expand(2, 9, 4, 32)
     k = torch.randn(1, 1, 1, 32).expand(2, 11, 2, 32)
     v = torch.randn(1, 1, 1, 32).expand(2, 11, 2, 32)
-    error_or_correct(q, k, v, causal=True, backward=True)
+    valid(q, k, v, causal=True, backward=True)
 
 
 def _backward_empty(shape_q, shape_k):
     q, k, v = torch.randn(shape_q), torch.randn(shape_k), torch.randn(shape_k)
-    error_or_correct(q, k, v, backward=True, causal=True)
+    valid(q, k, v, backward=True, causal=True)
 
+
+SOFTCAP_RANGE = re.escape("softcap must be 0 (disabled) or in [1.17549e-38, 3.40282e+38] (representable "
+                          "in float32, the accumulation type of this input dtype), got ")
 
 NASTY = {
-    "batch0": lambda: error_or_correct(*_dense(0, 5, 7, 4, 2, 16), backward=True),
-    "tq0_tk0": lambda: error_or_correct(*_dense(2, 0, 0, 4, 2, 16), backward=True),
+    "batch0": lambda: valid(*_dense(0, 5, 7, 4, 2, 16), backward=True),
+    "tq0_tk0": lambda: valid(*_dense(2, 0, 0, 4, 2, 16), backward=True),
     "tq0": lambda: _backward_empty((2, 0, 4, 16), (2, 9, 2, 16)),
     "tk0": lambda: _backward_empty((2, 5, 4, 16), (2, 0, 2, 16)),
-    "all_dims_zero": lambda: error_or_correct(*_dense(0, 0, 0, 0, 0, 0)),
-    "heads0": lambda: error_or_correct(*_dense(2, 5, 7, 0, 2, 16)),
-    "head_dim0": lambda: error_or_correct(*_dense(2, 5, 7, 4, 2, 0)),
-    "head_dim_1000": lambda: error_or_correct(*_dense(1, 3, 5, 2, 1, 1000), backward=True),
-    "heads_64": lambda: error_or_correct(*_dense(1, 1, 3, 64, 64, 8), backward=True),
-    "tq1000_tk1_causal": lambda: error_or_correct(*_dense(1, 1000, 1, 2, 1, 8), causal=True,
-                                                  backward=True),
+    "all_dims_zero": lambda: invalid("heads_q and heads_kv must be at least 1, got heads_q 0, heads_kv 0",
+                                     *_dense(0, 0, 0, 0, 0, 0)),
+    "heads0": lambda: invalid("heads_q and heads_kv must be at least 1, got heads_q 0, heads_kv 2",
+                              *_dense(2, 5, 7, 0, 2, 16)),
+    "head_dim0": lambda: invalid("head_dim_qk and head_dim_v must be at least 1, got 0 and 0",
+                                 *_dense(2, 5, 7, 4, 2, 0)),
+    "head_dim_1000": lambda: valid(*_dense(1, 3, 5, 2, 1, 1000), backward=True),
+    "heads_64": lambda: valid(*_dense(1, 1, 3, 64, 64, 8), backward=True),
+    "tq1000_tk1_causal": lambda: valid(*_dense(1, 1000, 1, 2, 1, 8), causal=True, backward=True),
     "window_2p62": lambda: _huge_window(2 ** 62, 2 ** 62),
     "window_int64_max": lambda: _huge_window(2 ** 63 - 1, 2 ** 63 - 1),
     "window_int32_overflow": lambda: _huge_window(2 ** 31, 2 ** 32 + 1),
     "window_huge_causal": lambda: _huge_window(2 ** 63 - 1, -1, causal=True),
-    "scale_1e30": lambda: error_or_correct(*_dense(1, 5, 6, 2, 1, 8), scale=1e30),
-    "softcap_tiny": lambda: error_or_correct(*_dense(1, 5, 6, 2, 1, 8), softcap=1e-30),
-    "softcap_nan": _softcap_nan,
+    "scale_1e30": lambda: valid(*_dense(1, 5, 6, 2, 1, 8), scale=1e30),
+    "softcap_tiny": lambda: valid(*_dense(1, 5, 6, 2, 1, 8), softcap=1e-30),
+    # NaN is not in the range; it must not produce NaN outputs
+    "softcap_nan": lambda: expect_error("attention", SOFTCAP_RANGE + "(?i:nan)", *_dense(1, 4, 4, 2, 1, 8),
+                                        regex=True, softcap=float("nan")),
     "stride0_everywhere": _stride0_everywhere,
-    "max_seqlen_negative": lambda: _varlen_case([3, 4], [5, 2], max_seqlen_q=-1,
-                                                max_seqlen_k=-5),
-    "max_seqlen_negative_empty": lambda: _varlen_case([0, 0], [0, 0], max_seqlen_q=-1,
-                                                      max_seqlen_k=-1),
-    "max_seqlen_zero_empty": lambda: _varlen_case([0, 0], [0, 0], max_seqlen_q=0,
-                                                  max_seqlen_k=0),
-    "max_seqlen_huge": lambda: _varlen_case([3, 4], [5, 2], max_seqlen_q=2 ** 40,
-                                            max_seqlen_k=2 ** 62),
-    "max_seqlen_int64_max": lambda: _varlen_case([3, 4], [5, 2], max_seqlen_q=2 ** 63 - 1,
-                                                 max_seqlen_k=2 ** 63 - 1),
-    "varlen_batch0": lambda: _varlen_case([], []),
-    "varlen_all_empty": lambda: _varlen_case([0, 0, 0], [0, 0, 0], causal=True),
-    "cu_negative": lambda: error_or_correct(
+    "max_seqlen_negative": lambda: _varlen_invalid("max_seqlen_q must be >= 0, got -1", [3, 4], [5, 2],
+                                                   max_seqlen_q=-1, max_seqlen_k=-5),
+    "max_seqlen_negative_empty": lambda: _varlen_invalid("max_seqlen_q must be >= 0, got -1", [0, 0], [0, 0],
+                                                         max_seqlen_q=-1, max_seqlen_k=-1),
+    "max_seqlen_zero_empty": lambda: _varlen_valid([0, 0], [0, 0], max_seqlen_q=0, max_seqlen_k=0),
+    "max_seqlen_huge": lambda: _varlen_valid([3, 4], [5, 2], max_seqlen_q=2 ** 40, max_seqlen_k=2 ** 62),
+    "max_seqlen_int64_max": lambda: _varlen_valid([3, 4], [5, 2], max_seqlen_q=2 ** 63 - 1,
+                                                  max_seqlen_k=2 ** 63 - 1),
+    "varlen_batch0": lambda: _varlen_valid([], []),
+    "varlen_all_empty": lambda: _varlen_valid([0, 0, 0], [0, 0, 0], causal=True),
+    "cu_negative": lambda: invalid(
+        "cu_seqlens_q must be non-decreasing, got cu_seqlens_q[1] = -3 after cu_seqlens_q[0] = 0",
         *_varlen([3, 4], [5, 2])[0], cu_seqlens_q=torch.tensor([0, -3, 7], dtype=torch.int32),
         cu_seqlens_k=cu_seqlens([5, 2])),
-    "cu_int32_max": lambda: error_or_correct(
+    "cu_int32_max": lambda: invalid(
+        "cu_seqlens_q must be non-decreasing, got cu_seqlens_q[2] = 7 after cu_seqlens_q[1] = 2147483647",
         *_varlen([3, 4], [5, 2])[0],
         cu_seqlens_q=torch.tensor([0, 2 ** 31 - 1, 7], dtype=torch.int32),
         cu_seqlens_k=cu_seqlens([5, 2])),

@@ -2,8 +2,8 @@
 
 Every comparison uses the tolerance rule max|ours - ref64| <= 2 * max|same_dtype - ref64| + eps on
 out and lse (lse -inf exactly where the reference is -inf). The cache entries past each row's length
-are random, so a kernel that reads them is caught. Also: paged == contiguous on the same data, and
-== attn_ops.attention on each row's dense prefix.
+are random, so a kernel that reads them is caught. Also, besides the reference: paged == contiguous
+on the same data, and == attn_ops.attention on each row's dense prefix.
 """
 
 import pytest
@@ -12,7 +12,7 @@ import torch
 import attn_ops
 from kvcache_reference import (attention_with_kvcache_ref, gather_cache_row, kvcache_inputs,
                                paged_from_dense)
-from reference import assert_close_to_ref, same_dtype_ref
+from reference import assert_attention_close_to_ref, assert_close_to_ref, same_dtype_ref
 from serving_reference import attention_with_kvcache_serving_ref
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -258,8 +258,8 @@ def test_paged_equals_contiguous(dtype, tq, block_size, device):
     kp, vp, bt, _ = paged_from_dense(kc, vc, block_size)
     assert (bt.reshape(-1)[:-1] + 1 != bt.reshape(-1)[1:]).any(), "block table is not shuffled"
     for kw in (dict(), dict(causal=False), dict(window_left=9, softcap=5.0)):
-        c_out, c_lse = attn_ops.attention_with_kvcache(q, kc, vc, sl, **kw)
-        p_out, p_lse = attn_ops.attention_with_kvcache(q, kp, vp, sl, block_table=bt, **kw)
+        c_out, c_lse, _, _ = check_kvcache(q, kc, vc, sl, **kw)
+        p_out, p_lse, _, _ = check_kvcache(q, kp, vp, sl, bt, **kw)
         tol = TIGHT[dtype]
         torch.testing.assert_close(p_out, c_out, rtol=tol, atol=tol)
         torch.testing.assert_close(p_lse, c_lse, rtol=tol, atol=tol)
@@ -277,7 +277,7 @@ def test_equals_attention_on_dense_prefix(dtype, tq, layout, kw, device):
     lens = [0, 3, 33, 100]
     q, kc, vc, sl, bt = kvcache_inputs(len(lens), tq, 8, 2, 64, 64, lens, dtype=dtype,
                                        device=device, block_size=BLOCK[layout])
-    out, lse = attn_ops.attention_with_kvcache(q, kc, vc, sl, block_table=bt, **kw)
+    out, lse, _, _ = check_kvcache(q, kc, vc, sl, bt, **kw)
     tol = TIGHT[dtype]
     for b, L in enumerate(lens):
         k = gather_cache_row(kc, b, L, bt).unsqueeze(0)
@@ -345,7 +345,7 @@ def test_noncontiguous_seqlens_and_block_table(device):
 def test_causal_overrides_window_right(device):
     q, kc, vc, sl, bt = kvcache_inputs(2, 4, 4, 2, 32, 32, [20, 45], dtype=torch.float32,
                                        device=device)
-    a = attn_ops.attention_with_kvcache(q, kc, vc, sl, causal=True, window_left=5, window_right=7)
+    a = check_kvcache(q, kc, vc, sl, causal=True, window_left=5, window_right=7)[:2]
     b = attn_ops.attention_with_kvcache(q, kc, vc, sl, causal=False, window_left=5,
                                         window_right=0)
     c = attn_ops.attention_with_kvcache(q, kc, vc, sl, window_left=5)   # causal is the default
@@ -357,7 +357,7 @@ def test_causal_overrides_window_right(device):
 def test_default_scale(device):
     q, kc, vc, sl, bt = kvcache_inputs(2, 4, 4, 2, 48, 16, [20, 45], dtype=torch.float32,
                                        device=device, block_size=16)
-    a = attn_ops.attention_with_kvcache(q, kc, vc, sl, block_table=bt)
+    a = check_kvcache(q, kc, vc, sl, bt)[:2]
     b = attn_ops.attention_with_kvcache(q, kc, vc, sl, block_table=bt, scale=48 ** -0.5)
     torch.testing.assert_close(a[0], b[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(a[1], b[1], rtol=1e-6, atol=1e-6)
@@ -383,8 +383,9 @@ def test_large_logits_no_overflow(device):
 
 
 def test_append_then_attend_matches_attention(device):
-    """Decode loop: append each step's token, attend with the advanced lengths; the last step's
-    output equals attention over the whole dense sequence (bottom-right causal)."""
+    """Decode loop: append each step's token, attend with the advanced lengths; each step's output
+    is the float64 reference over the whole dense sequence (bottom-right causal), independent of
+    the cache and of attn_ops.attention, which sends Tq = 1 to the same decode kernel."""
     B, Hq, Hkv, D, cap = 2, 4, 2, 32, 24
     kc = torch.randn(B, cap, Hkv, D, device=device)
     vc = torch.randn(B, cap, Hkv, D, device=device)
@@ -399,6 +400,4 @@ def test_append_then_attend_matches_attention(device):
         ks.append(k)
         vs.append(v)
         out, lse = attn_ops.attention_with_kvcache(q, kc, vc, sl)
-        a_out, a_lse = attn_ops.attention(q, torch.cat(ks, 1), torch.cat(vs, 1), causal=True)
-        torch.testing.assert_close(out, a_out, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(lse, a_lse, rtol=1e-5, atol=1e-5)
+        assert_attention_close_to_ref((out, lse), (q, torch.cat(ks, 1), torch.cat(vs, 1)), causal=True)

@@ -246,8 +246,9 @@ def test_append_torch_ops_path(device):
 @pytest.mark.parametrize("layout", ["contig", "paged16"])
 def test_latent_cache_holds_dc_plus_drope_per_token(layout, device):
     """The whole per-token cache state is one row of d_c + d_rope = 576 values shared by all heads
-    (DeepSeek-V3: 128 heads, qk_nope 128, qk_rope 64, v 128 would expand to 128 * (192 + 128))."""
-    H, d_c, d_rope, d_nope, d_v, B, cap = 128, 512, 64, 128, 128, 2, 32
+    (DeepSeek-V3: 128 heads, qk_nope 128, qk_rope 64, v 128 would expand to 128 * (192 + 128); the
+    bytes_per_token of the caches that compute it are checked in tests/test_nn_mla.py)."""
+    H, d_c, d_rope, B, cap = 128, 512, 64, 2, 32
     dtype = torch.bfloat16
     if layout == "contig":
         cache = torch.zeros(B, cap, d_c + d_rope, dtype=dtype, device=device)
@@ -268,13 +269,11 @@ def test_latent_cache_holds_dc_plus_drope_per_token(layout, device):
     assert cache.shape[-1] == d_c + d_rope == 576
     assert cache.numel() == tokens * 576
     assert cache.untyped_storage().nbytes() == tokens * 576 * cache.element_size()
-    assert H * (d_nope + d_rope + d_v) // 576 == 71  # the expanded per-token K/V: 71x larger
+    # decoding all H heads from that one row gives the reference's values
     q_latent = torch.randn(B, 1, H, d_c, dtype=dtype, device=device)
     q_rope = torch.randn(B, 1, H, d_rope, dtype=dtype, device=device)
     sl = torch.full((B,), 5, dtype=torch.int32, device=device)
-    out, lse = attn_ops.mla_decode(q_latent, q_rope, cache, sl, scale=192 ** -0.5, block_table=bt)
-    assert tuple(out.shape) == (B, 1, H, d_c) and tuple(lse.shape) == (B, H, 1)
-    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    check_mla(q_latent, q_rope, cache, sl, bt, scale=192 ** -0.5)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -492,8 +491,8 @@ def test_paged_equals_contiguous(dtype, tq, block_size, device):
     paged = torch.randn(nb, block_size, d_c + d_rope, dtype=dtype, device=device)
     paged[bt.long().reshape(-1)] = dense.reshape(-1, block_size, d_c + d_rope)
     for causal in (True, False):
-        c = attn_ops.mla_decode(ql, qr, dense, sl, scale=0.07, causal=causal)
-        p = attn_ops.mla_decode(ql, qr, paged, sl, scale=0.07, block_table=bt, causal=causal)
+        c = check_mla(ql, qr, dense, sl, scale=0.07, causal=causal)
+        p = check_mla(ql, qr, paged, sl, bt, scale=0.07, causal=causal)
         for x, y in zip(p, c):
             torch.testing.assert_close(x, y, rtol=TIGHT[dtype], atol=TIGHT[dtype])
 
@@ -507,8 +506,7 @@ def test_equals_attention_with_kvcache(dtype, tq, layout, device):
     ql, qr, cache, sl, bt, _ = mla_inputs(3, tq, 16, d_c, d_rope, [0, 5, 90], dtype=dtype,
                                           device=device, block_size=BLOCK[layout])
     for causal in (True, False):
-        out, lse = attn_ops.mla_decode(ql, qr, cache, sl, scale=0.05, block_table=bt,
-                                       causal=causal)
+        out, lse = check_mla(ql, qr, cache, sl, bt, scale=0.05, causal=causal)
         q = torch.cat([ql, qr], dim=-1)
         a_out, a_lse = attn_ops.attention_with_kvcache(
             q, cache.unsqueeze(2), cache[..., :d_c].unsqueeze(2), sl, block_table=bt, scale=0.05,

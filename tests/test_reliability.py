@@ -18,7 +18,9 @@ import torch
 import attn_ops
 import crash_isolation
 from attn_ops.nn import GroupedQueryAttention, KVCache, PagedKVCache
-from reference import attention_ref
+from reference import assert_close_to_ref, attention_ref
+from rope_reference import assert_rounded_once, rope_ref
+from test_attention_backward import ref_grads, same_dtype_grads
 from error_helpers import assert_unchanged, i32, snapshot
 
 
@@ -286,10 +288,16 @@ def test_rotary_inplace_bumps_version_so_saved_tensors_are_checked():
 
 
 def test_rotary_inplace_under_no_grad_is_allowed():
+    """A leaf that requires grad may be rotated in place under no_grad: the rotation is written (the values of
+    the reference, from the cos / sin passed) and x's version advances."""
     x = torch.randn(2, 3, 2, 8, requires_grad=True)
+    cos, sin = torch.randn(8, 4), torch.randn(8, 4)
+    positions = torch.tensor([[5, 0, 7], [2, 2, 1]], dtype=torch.int32)
+    x0, version = x.detach().clone(), x._version
     with torch.no_grad():
-        attn_ops.rotary_embedding_(x, torch.randn(8, 4), torch.randn(8, 4),
-                                   torch.arange(3, dtype=torch.int32).expand(2, 3))
+        attn_ops.rotary_embedding_(x, cos, sin, positions)
+    assert x._version > version and x.requires_grad
+    assert_rounded_once(x.detach(), rope_ref(x0, cos, sin, positions), x0)
 
 
 def test_cache_append_refuses_cache_requiring_grad_but_stores_grad_values():
@@ -435,13 +443,13 @@ def test_tiny_softcap_with_a_mask_gives_finite_gradients(dtype):
     cap = 1e-160 if dtype == torch.float64 else 1e-20
     leaves = [torch.randn(1, 6, 2, 8, dtype=dtype, requires_grad=True) for _ in range(3)]
     out, lse = attn_ops.attention(*leaves, causal=True, softcap=cap)
-    grads = torch.autograd.grad((out.float() * torch.linspace(-1, 1, 8)).sum(), leaves)
-    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
-    ref_out, _ = attention_ref(*ref_leaves, causal=True, softcap=cap)
-    ref_grads = torch.autograd.grad((ref_out * torch.linspace(-1, 1, 8, dtype=torch.float64)).sum(), ref_leaves)
-    for g, r in zip(grads, ref_grads):
-        assert torch.isfinite(g).all()
-        torch.testing.assert_close(g.double(), r, rtol=0.02, atol=0.02)
+    dout = torch.linspace(-1, 1, 8, dtype=dtype).expand(out.shape)
+    grads = torch.autograd.grad(out, leaves, dout)
+    kw = dict(causal=True, softcap=cap)
+    r64 = ref_grads(*leaves, dout, None, torch.float64, **kw)
+    same = same_dtype_grads(*leaves, dout, None, **kw)
+    for name, g, r, s in zip(("dq", "dk", "dv"), grads, r64, same):
+        assert_close_to_ref(g, r, s, name=name)
 
 
 # ---- 4. NaN propagates, deterministically ----------------------------------------------------------
