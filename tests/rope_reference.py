@@ -88,12 +88,18 @@ def yarn_attention_factor(factor, mscale=None, mscale_all_dim=None):
 
 def cos_sin_formula(max_positions, rotary_dim, theta):
     """float64 [max_positions, rotary_dim / 2] cos / sin from theta ** (-2i / d), in Python's math."""
-    cos = torch.empty(max_positions, rotary_dim // 2, dtype=torch.float64)
+    return cos_sin_of(max_positions, default_inv_freq(rotary_dim, theta))
+
+
+def cos_sin_of(max_positions, inv_freq, scale=1.0):
+    """float64 [max_positions, len(inv_freq)] scale * cos / sin of p * inv_freq[i], in Python's math
+    (scale: YaRN's attention factor, which HF multiplies into its tables)."""
+    cos = torch.empty(max_positions, len(inv_freq), dtype=torch.float64)
     sin = torch.empty_like(cos)
-    for i, inv_freq in enumerate(default_inv_freq(rotary_dim, theta)):
+    for i, f in enumerate(inv_freq):
         for p in range(max_positions):
-            cos[p, i] = math.cos(p * inv_freq)
-            sin[p, i] = math.sin(p * inv_freq)
+            cos[p, i] = scale * math.cos(p * f)
+            sin[p, i] = scale * math.sin(p * f)
     return cos, sin
 
 
