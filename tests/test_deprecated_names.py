@@ -12,6 +12,7 @@ from attn_ops import ops
 from attn_ops.nn import (GroupedQueryAttention, KVCache, LatentKVCache, LinformerSelfAttention,
                          MultiHeadAttention, MultiHeadLatentAttention, MultiQueryAttention, PagedKVCache,
                          PagedLatentKVCache)
+from rope_reference import cos_sin_formula
 
 
 def deprecated(old, new):
@@ -78,15 +79,17 @@ def test_keyword_calls_do_not_warn(recwarn):
 
 
 def test_gqa_softmax_scale():
-    """softmax_scale (one name in every attention module) reaches the op, uncached and cached."""
+    """softmax_scale (one name in every attention module) reaches the op, uncached and cached. The rotary
+    tables are the formula's for the constructor's rope_theta, not the module's buffers."""
     torch.manual_seed(0)
-    mod = GroupedQueryAttention(32, 4, 2, dtype=torch.float64, softmax_scale=0.3)
+    mod = GroupedQueryAttention(32, 4, 2, dtype=torch.float64, softmax_scale=0.3, rope_theta=1e6)
     assert mod.softmax_scale == 0.3 and "softmax_scale=0.3" in repr(mod)
     x = torch.randn(2, 5, 32, dtype=torch.float64)
     q = mod.q_proj(x).view(2, 5, 4, 8)
     k, v = (p(x).view(2, 5, 2, 8) for p in (mod.k_proj, mod.v_proj))
     pos = torch.arange(5).expand(2, 5)
-    q, k = (attn_ops.rotary_embedding(t, mod.rope_cos, mod.rope_sin, pos) for t in (q, k))
+    cos, sin = cos_sin_formula(5, 8, 1e6)
+    q, k = (attn_ops.rotary_embedding(t, cos, sin, pos) for t in (q, k))
     ref, _ = attn_ops.attention(q, k, v, scale=0.3, causal=True)
     ref = mod.o_proj(ref.reshape(2, 5, 32))
     torch.testing.assert_close(mod(x), ref, rtol=1e-12, atol=1e-12)

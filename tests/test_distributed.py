@@ -33,6 +33,7 @@ from attn_ops.nn import (GroupedQueryAttention, KVCache, LatentKVCache, MultiHea
                          PagedKVCache)
 from attn_ops.nn.parallel import ColumnParallelLinear, RowParallelLinear
 from reference import accumulation_dtype, assert_close_to_ref, attention_ref, cu_seqlens, same_dtype_ref
+from rope_reference import assert_table_from_formula, cos_sin_formula
 
 F64 = torch.float64
 WORLD = 2
@@ -202,10 +203,15 @@ def cached_run(module, x, cache, split):
     return torch.cat(outs, dim=1)
 
 
-def check_module(full, x, make_cache):
+def check_module(full, x, make_cache, rotary_dim, rope_theta):
     """Train step and cached run of tensor_parallel(full) against full; returns the local module and
-    the gathered gradients of every local parameter (collectives all done here)."""
+    the gathered gradients of every local parameter (collectives all done here). The shard's rotary tables
+    must be the formula's for the scenario's rotary_dim and rope_theta: agreeing with full alone would let
+    both share wrong ones."""
     local = tensor_parallel(full)
+    exact_cos, exact_sin = cos_sin_formula(4096, rotary_dim, rope_theta)
+    assert_table_from_formula(local.rope_cos, exact_cos, "shard rope_cos")
+    assert_table_from_formula(local.rope_sin, exact_sin, "shard rope_sin")
     x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
     ref = full(x_ref)
     dy = torch.randn_like(ref)
@@ -238,15 +244,15 @@ def check_grads(full, grads, sharded_rows, sharded_columns):
 
 def scenario_gqa_sharded_kv():
     """Hq 4, Hkv 2 over 2 ranks (one KV head each), q/k/v and o_proj biases (from_linear), sliding
-    window, contiguous cache."""
+    window, rope_theta 1e6, contiguous cache."""
     E, H, Hkv, D = 32, 4, 2, 8
     lin = [nn.Linear(E, H * D, bias=True), nn.Linear(E, Hkv * D, bias=True),
            nn.Linear(E, Hkv * D, bias=True), nn.Linear(H * D, E, bias=True)]
     full = GroupedQueryAttention.from_linear(*[m.double() for m in lin], num_heads=H, num_kv_heads=Hkv,
-                                             sliding_window=5)
+                                             sliding_window=5, rope_theta=1e6)
     random_small_params(full)
     x = torch.randn(2, 9, E, dtype=F64)
-    local, grads = check_module(full, x, lambda m: KVCache(1, 2, 9, m.num_kv_heads, D, dtype=F64))
+    local, grads = check_module(full, x, lambda m: KVCache(1, 2, 9, m.num_kv_heads, D, dtype=F64), D, 1e6)
     assert (local.num_heads, local.num_kv_heads) == (2, 1)
     assert local.o_proj.bias is not None and local.sliding_window == 5
     rows = {f"{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")}
@@ -261,7 +267,7 @@ def scenario_gqa_replicated_kv():
     random_small_params(full)
     x = torch.randn(2, 7, E, dtype=F64)
     local, grads = check_module(
-        full, x, lambda m: PagedKVCache(1, 10, 2, m.num_kv_heads, D, 2, 4, dtype=F64))
+        full, x, lambda m: PagedKVCache(1, 10, 2, m.num_kv_heads, D, 2, 4, dtype=F64), D, 10000.0)
     assert (local.num_heads, local.num_kv_heads) == (2, 1)
     rows = {"q_proj.weight", "q_proj.bias"}
     check_grads(full, grads, rows, {"o_proj.weight"})  # k/v: the full gradient on both ranks
@@ -272,7 +278,7 @@ def scenario_gqa_kv_heads_per_rank():
     E, H, Hkv, D = 32, 8, 4, 4
     full = GroupedQueryAttention(E, H, Hkv, D, rope_interleaved=True, rope_theta=500.0, dtype=F64)
     x = torch.randn(1, 6, E, dtype=F64)
-    local, grads = check_module(full, x, lambda m: KVCache(1, 1, 6, m.num_kv_heads, D, dtype=F64))
+    local, grads = check_module(full, x, lambda m: KVCache(1, 1, 6, m.num_kv_heads, D, dtype=F64), D, 500.0)
     assert (local.num_heads, local.num_kv_heads) == (4, 2)
     check_grads(full, grads, {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, {"o_proj.weight"})
 
@@ -282,7 +288,8 @@ def _mla_scenario(**config):
     random_small_params(full)
     x = torch.randn(2, 6, config["hidden_size"], dtype=F64)
     local, grads = check_module(
-        full, x, lambda m: LatentKVCache(1, 2, 6, m.kv_lora_rank, m.qk_rope_head_dim, dtype=F64))
+        full, x, lambda m: LatentKVCache(1, 2, 6, m.kv_lora_rank, m.qk_rope_head_dim, dtype=F64),
+        config["qk_rope_head_dim"], config.get("rope_theta", 10000.0))
     assert local.num_heads == config["num_heads"] // WORLD
     rows = {"q_proj.weight", "q_b_proj.weight", "kv_b_proj.weight"}
     check_grads(full, grads, rows, {"o_proj.weight"})  # the rest replicated: full gradient everywhere
@@ -290,7 +297,7 @@ def _mla_scenario(**config):
 
 def scenario_mla_q_lora_bias():
     _mla_scenario(hidden_size=32, num_heads=4, q_lora_rank=12, kv_lora_rank=16,
-                  qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, attention_bias=True)
+                  qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, attention_bias=True, rope_theta=1e6)
 
 
 def scenario_mla_no_q_lora():

@@ -16,9 +16,15 @@ Tolerance (tests/reference.py): |ours - ref64| <= 2 * |same_dtype - ref64| + eps
 transformers' eager model in the test's dtype, ref64 = transformers' sdpa model in float64 (eager
 rounds its softmax to float32 even for float64). transformers computes rotary angles in float32 and
 DeepSeek-V2 even rounds q and k to float32 to rotate them; ref64 computes both in float64 (fixtures
-below), or it would differ from a float64 model by float32 rounding and the rule would compare noise. Left padding is tested in float32 only: transformers'
+below), or it would differ from a float64 model by float32 rounding and the rule would compare noise.
+Left padding is tested in float32 only: transformers'
 eager model gives NaN logits for left-padded float64 batches (a fully masked padding row's float64
 minimum becomes -inf in its float32 softmax, and 0 * NaN then reaches the real tokens).
+
+ref64's rotary frequencies and attention factor come from the config through rope_reference's formulas
+(default and YaRN), not from transformers' rotary module, and every config has a non-default rope_theta: an
+integration rotating with tables of its own (theta 10000, no scaling) instead of the model's
+position_embeddings fails.
 """
 import copy
 import math
@@ -34,6 +40,7 @@ from transformers.models.deepseek_v2 import modeling_deepseek_v2  # noqa: E402
 from attn_ops.integrations.deepseek import (DeepseekLatentCache, DeepseekMLAAttention,  # noqa: E402
                                             swap_deepseek_attention)
 from reference import assert_close_to_ref  # noqa: E402
+from rope_reference import default_inv_freq, yarn_attention_factor, yarn_inv_freq  # noqa: E402
 
 F32_F64 = [torch.float32, torch.float64]
 F32_F64_IDS = ["f32", "f64"]
@@ -43,13 +50,14 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden
               qk_nope_head_dim=32, v_head_dim=32,
               first_k_dense_replace=2, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0,
               eos_token_id=None, attn_implementation="eager")
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 1e6}
+YARN = {"rope_type": "yarn", "rope_theta": 5e4, "factor": 4.0, "original_max_position_embeddings": 32,
         "mscale": 1.0, "mscale_all_dim": 0.8}
 CONFIGS = {
-    "v3": (DeepseekV3Config, DeepseekV3ForCausalLM, dict(q_lora_rank=32)),
+    "v3": (DeepseekV3Config, DeepseekV3ForCausalLM, dict(q_lora_rank=32, rope_parameters=DEFAULT_ROPE)),
     "v3_yarn_bias": (DeepseekV3Config, DeepseekV3ForCausalLM,
                      dict(q_lora_rank=None, rope_parameters=YARN, attention_bias=True)),
-    "v2": (DeepseekV2Config, DeepseekV2ForCausalLM, dict(q_lora_rank=None)),
+    "v2": (DeepseekV2Config, DeepseekV2ForCausalLM, dict(q_lora_rank=None, rope_parameters=DEFAULT_ROPE)),
     "v2_yarn": (DeepseekV2Config, DeepseekV2ForCausalLM, dict(q_lora_rank=16, rope_parameters=YARN)),
 }
 
@@ -61,15 +69,28 @@ def build(name, dtype=torch.float32, device="cpu", **overrides):
     return hf, swap_deepseek_attention(copy.deepcopy(hf))
 
 
-def float64_rotary(rotary):
-    """Makes transformers' rotary module (angles in float32 by design) compute them in float64."""
+def config_rope(config):
+    """(float64 inv_freq [rope / 2], attention factor) of the config's rope_parameters, from the formulas."""
+    p, dim = config.rope_parameters, config.qk_rope_head_dim
+    if p["rope_type"] == "default":
+        return torch.tensor(default_inv_freq(dim, p["rope_theta"]), dtype=torch.float64), 1.0
+    assert p["rope_type"] == "yarn", p
+    inv_freq = yarn_inv_freq(dim, p["rope_theta"], p["factor"], p["original_max_position_embeddings"])
+    return (torch.tensor(inv_freq, dtype=torch.float64),
+            yarn_attention_factor(p["factor"], p.get("mscale"), p.get("mscale_all_dim")))
+
+
+def float64_rotary(rotary, config):
+    """Makes transformers' rotary module compute its angles in float64 (float32 by design), with the
+    config's frequencies and attention factor from the formulas instead of its own."""
+    inv_freq, scale = config_rope(config)
+
     def forward(x, position_ids):
-        freqs = (rotary.inv_freq.double()[None, :, None] @ position_ids[:, None, :].double()).transpose(1, 2)
+        freqs = position_ids.double()[..., None] * inv_freq.to(position_ids.device)
         if isinstance(rotary, modeling_deepseek_v2.DeepseekV2RotaryEmbedding):  # complex rotation factors
-            return torch.polar(torch.ones_like(freqs), freqs) * rotary.attention_scaling
+            return torch.polar(torch.ones_like(freqs), freqs) * scale
         emb = torch.cat((freqs, freqs), dim=-1)
-        return ((emb.cos() * rotary.attention_scaling).to(x.dtype),
-                (emb.sin() * rotary.attention_scaling).to(x.dtype))
+        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
     rotary.forward = forward
 
 
@@ -77,7 +98,7 @@ def sdpa64(hf):
     """The float64 reference: transformers' sdpa model in float64, rotary included."""
     ref = copy.deepcopy(hf).double()
     ref.set_attn_implementation("sdpa")
-    float64_rotary(ref.model.rotary_emb)
+    float64_rotary(ref.model.rotary_emb, ref.config)
     return ref
 
 

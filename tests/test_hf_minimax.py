@@ -15,6 +15,9 @@ from reference import assert_close_to_ref
 CONFIG = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
               head_dim=8, num_hidden_layers=4, num_local_experts=2, num_experts_per_tok=1, block_size=16,
               pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=256,
+              # transformers rotates q / k of the softmax layers before attn_ops sees them; a theta of its own,
+              # not the 10000 default, so that rotary tables built elsewhere would not match
+              rope_parameters={"rope_type": "default", "rope_theta": 1e6},
               experts_implementation="eager")  # grouped_mm has no float64
 
 

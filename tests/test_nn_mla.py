@@ -12,7 +12,9 @@
 
 Tolerance for the reference comparisons: reference.assert_close_to_ref (|ours - ref64| <=
 2 * |same_dtype - ref64| + eps), ref64 the reference in float64, same_dtype the reference in the
-module's dtype (HF eager: RoPE tables cast to the dtype, RMSNorm and softmax in float32).
+module's dtype (HF eager: RoPE tables cast to the dtype, RMSNorm and softmax in float32). The
+reference's rotary tables come from the configuration (rope_reference's formula), never from the
+module's own rope_cos / rope_sin, which would hide a wrong theta.
 """
 
 import math
@@ -21,11 +23,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-import attn_ops
 from attn_ops.nn import (KVCache, LatentKVCache, MultiHeadLatentAttention, OutOfBlocksError,
                          PagedLatentKVCache)
 from reference import assert_close_to_ref
-from rope_reference import rope_ref
+from rope_reference import assert_table_from_formula, cos_sin_formula, rope_ref
 from model_helpers import (cache_factory, cached_step, check_paged_equals_contiguous,
                            check_prefill_then_decode, check_ragged_prompts_right_padded, default_positions,
                            make_cache_of, rand_x, randomize_vectors, rotate_half, stack_of)
@@ -115,16 +116,20 @@ class RefMLA(nn.Module):
         return self.o_proj(out)
 
 
-def ref_forward(mod, x, positions, dtype):
-    ref = RefMLA.like(mod, dtype)
-    return ref(x.to(dtype), mod.rope_cos.to(dtype), mod.rope_sin.to(dtype), positions)
+def ref_forward(name, mod, x, positions, dtype):
+    """RefMLA of `mod` in `dtype`, rotating with CONFIGS[name]'s tables."""
+    cos, sin = config_tables(name, x.device)
+    return RefMLA.like(mod, dtype)(x.to(dtype), cos, sin, positions)
 
 
-def ref_stack_forward(stack, x, positions, dtype):
-    x = x.to(dtype)
-    for layer in stack.layers:
-        x = x + ref_forward(layer, x, positions, dtype)
-    return x
+def ref_stack_forward(name):
+    """The reference of a Stack of CONFIGS[name] modules, as check_prefill_then_decode calls it."""
+    def forward(stack, x, positions, dtype):
+        x = x.to(dtype)
+        for layer in stack.layers:
+            x = x + ref_forward(name, layer, x, positions, dtype)
+        return x
+    return forward
 
 
 # --------------------------------------------------------------------------------------------------
@@ -149,6 +154,14 @@ def build(name, dtype, device, max_pos=256):
     return randomize_vectors(mod.to(device=device, dtype=dtype))
 
 
+def config_tables(name, device, max_pos=256):
+    """float64 cos / sin [max_pos, rope / 2] of CONFIGS[name] from its own qk_rope_head_dim and rope_theta
+    (the constructor's default 10000 when absent): independent of the module."""
+    cfg = CONFIGS[name]
+    cos, sin = cos_sin_formula(max_pos, cfg["qk_rope_head_dim"], cfg.get("rope_theta", 10000.0))
+    return cos.to(device), sin.to(device)
+
+
 def make_cache(kind, num_layers, B, capacity, mod, dtype, device, spare_blocks=3):
     dc, rope, kw = mod.kv_lora_rank, mod.qk_rope_head_dim, dict(dtype=dtype, device=device)
     return make_cache_of(kind, B, capacity, lambda cap: LatentKVCache(num_layers, B, cap, dc, rope, **kw),
@@ -160,7 +173,7 @@ def make_cache(kind, num_layers, B, capacity, mod, dtype, device, spare_blocks=3
 # Module structure
 # --------------------------------------------------------------------------------------------------
 def test_module_structure(device):
-    m = MultiHeadLatentAttention(64, 4, 24, 32, 16, 8, 12, attention_bias=True, device=device)
+    m = MultiHeadLatentAttention(64, 4, 24, 32, 16, 8, 12, attention_bias=True, rope_theta=1e6, device=device)
     shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
     assert shapes == {
         "q_a_proj.weight": (24, 64), "q_a_proj.bias": (24,), "q_a_layernorm.weight": (24,),
@@ -171,8 +184,10 @@ def test_module_structure(device):
     assert set(m.state_dict()) == set(shapes)            # rotary tables are non-persistent
     assert m.softmax_scale == pytest.approx(1 / math.sqrt(24))
     assert m.rope_cos.shape == (4096, 4) and m.rope_cos.dtype == torch.float32
-    cos, sin = attn_ops.rotary_cos_sin(4096, 8, 10000.0, device=device)
-    assert torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)
+    exact_cos, exact_sin = cos_sin_formula(4096, 8, 1e6)
+    assert_table_from_formula(m.rope_cos, exact_cos, "rope_cos")
+    assert_table_from_formula(m.rope_sin, exact_sin, "rope_sin")
+    cos = m.rope_cos.clone()
     m = m.to(torch.bfloat16)
     assert m.kv_b_proj.weight.dtype == torch.bfloat16 and m.rope_cos.dtype == torch.float32
     assert torch.equal(m.rope_cos, cos)
@@ -204,8 +219,8 @@ def test_forward_matches_reference(name, dtype, device):
     pos = default_positions(B, T, device)
     with torch.no_grad():
         out = mod(x)
-        ref64 = ref_forward(mod, x, pos, torch.float64)
-        same = ref_forward(mod, x, pos, dtype)
+        ref64 = ref_forward(name, mod, x, pos, torch.float64)
+        same = ref_forward(name, mod, x, pos, dtype)
     assert out.shape == (B, T, mod.hidden_size) and out.dtype == dtype
     assert_close_to_ref(out, ref64, same, name="out")
 
@@ -222,8 +237,8 @@ def test_explicit_positions(device):
         posb = pos.expand(B, T)
         with torch.no_grad():
             out = mod(x, positions=pos)
-            ref64 = ref_forward(mod, x, posb, torch.float64)
-            same = ref_forward(mod, x, posb, dtype)
+            ref64 = ref_forward("bias_scale", mod, x, posb, torch.float64)
+            same = ref_forward("bias_scale", mod, x, posb, dtype)
         assert_close_to_ref(out, ref64, same, name="out")
 
 
@@ -266,12 +281,11 @@ def test_backward_matches_reference(name, dtype, device):
         return {"x": x.grad, **{n: p.grad for n, p in params}}
 
     ours = grads(mod, list(mod.named_parameters()), dtype)
+    cos, sin = config_tables(name, device)
     r64 = RefMLA.like(mod, torch.float64)
-    g64 = grads(lambda x: r64(x, mod.rope_cos.double(), mod.rope_sin.double(), pos),
-                list(r64.named_parameters()), torch.float64)
+    g64 = grads(lambda x: r64(x, cos, sin, pos), list(r64.named_parameters()), torch.float64)
     rs = RefMLA.like(mod, dtype)
-    gs = grads(lambda x: rs(x, mod.rope_cos.to(dtype), mod.rope_sin.to(dtype), pos),
-               list(rs.named_parameters()), dtype)
+    gs = grads(lambda x: rs(x, cos, sin, pos), list(rs.named_parameters()), dtype)
     assert set(ours) == set(g64)
     for n in ours:
         assert ours[n] is not None, n
@@ -291,8 +305,8 @@ CACHED_TOL = {torch.float32: 5e-5, torch.float64: 1e-10}
 def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
     """model_helpers.check_prefill_then_decode through a 2-layer stack sharing one latent cache."""
     stack = stack_of(build, name, dtype, device)
-    check_prefill_then_decode(stack, cache_factory(make_cache, stack, dtype, device, kind), ref_stack_forward, dtype,
-                              device, CACHED_TOL[dtype])
+    check_prefill_then_decode(stack, cache_factory(make_cache, stack, dtype, device, kind), ref_stack_forward(name),
+                              dtype, device, CACHED_TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
@@ -313,8 +327,8 @@ def test_cached_low_precision_matches_reference(kind, name, dtype, device):
         for n in chunks:
             outs.append(cached_step(mod, x[:, s:s + n], cache))
             s += n
-        ref64 = ref_forward(mod, x, pos, torch.float64)
-        same = ref_forward(mod, x, pos, dtype)
+        ref64 = ref_forward(name, mod, x, pos, torch.float64)
+        same = ref_forward(name, mod, x, pos, dtype)
     assert_close_to_ref(torch.cat(outs, dim=1), ref64, same, name="cached")
 
 
@@ -370,7 +384,7 @@ def test_cache_holds_latent_rows(device):
         mod(x, cache=cache, layer_idx=1)
         compressed = mod.kv_a_proj_with_mqa(x)
         c_kv = mod.kv_a_layernorm(compressed[..., :dc])
-        k_pe = rope_ref(compressed[..., dc:].unsqueeze(2), mod.rope_cos, mod.rope_sin,
+        k_pe = rope_ref(compressed[..., dc:].unsqueeze(2), *config_tables("q_lora", device),
                         default_positions(B, T, device), interleaved=True)[:, :, 0]
     assert cache.lengths().tolist() == [0, 0]                 # layer 1 of 3: not the last one
     torch.testing.assert_close(cache.latent[1][:, :T, :dc], c_kv, rtol=0, atol=0)

@@ -6,6 +6,8 @@ step, and the cache objects' host-side behaviour.
 Tolerance for the reference comparisons: reference.assert_close_to_ref (|ours - ref64| <=
 2 * |same_dtype - ref64| + eps), where ref64 is the reference module in float64 and same_dtype the
 reference module in the module's dtype (HF eager: RoPE tables cast to the dtype, softmax in float32).
+The reference's rotary tables and convention come from the configuration (rope_reference's formula),
+never from the module's own rope_cos / rope_sin, which would hide a wrong theta.
 """
 
 import math
@@ -14,10 +16,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-import attn_ops
 from attn_ops.nn import (GroupedQueryAttention, KVCache, MultiHeadAttention, MultiHeadLatentAttention,
                          MultiQueryAttention, OutOfBlocksError, PagedKVCache)
 from reference import assert_close_to_ref
+from rope_reference import assert_table_from_formula, cos_sin_formula
 from model_helpers import (cache_factory, cached_step, check_paged_equals_contiguous,
                            check_prefill_then_decode, check_ragged_prompts_right_padded, default_positions,
                            make_cache_of, rand_x, randomize_vectors, rotate_half, stack_of)
@@ -56,9 +58,10 @@ class RefAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
     @classmethod
-    def like(cls, mod, dtype):
+    def like(cls, mod, dtype, interleaved):
+        """`mod`'s weights in `dtype`; the rotary convention is the caller's (from the configuration)."""
         ref = cls(mod.hidden_size, mod.num_heads, mod.num_kv_heads, mod.head_dim,
-                  mod.q_proj.bias is not None, mod.sliding_window, mod.rope_interleaved)
+                  mod.q_proj.bias is not None, mod.sliding_window, interleaved)
         ref = ref.to(device=mod.q_proj.weight.device, dtype=dtype)
         ref.load_state_dict(mod.state_dict())  # casts the module's values into `dtype`
         return ref
@@ -91,13 +94,18 @@ class RefAttention(nn.Module):
         return self.o_proj(out)
 
 
-def ref_stack_forward(stack, x, positions, dtype):
-    """The reference of Stack in `dtype` (full sequence)."""
-    x = x.to(dtype)
-    for layer in stack.layers:
-        ref = RefAttention.like(layer, dtype)
-        x = x + ref(x, layer.rope_cos.to(dtype), layer.rope_sin.to(dtype), positions)
-    return x
+def ref_stack_forward(name):
+    """The reference of a Stack of CONFIGS[name] modules in `dtype` (full sequence), as
+    check_prefill_then_decode calls it."""
+    cos, sin = config_tables(name)
+    interleaved = CONFIGS[name].get("rope_interleaved", False)
+
+    def forward(stack, x, positions, dtype):
+        x = x.to(dtype)
+        for layer in stack.layers:
+            x = x + RefAttention.like(layer, dtype, interleaved)(x, cos, sin, positions)
+        return x
+    return forward
 
 
 # --------------------------------------------------------------------------------------------------
@@ -123,26 +131,45 @@ def build(name, dtype, device, max_pos=256):
     return randomize_vectors(cls(max_position_embeddings=max_pos, **cfg).to(device=device, dtype=dtype))
 
 
+def config_tables(name, max_pos=256):
+    """float64 cos / sin [max_pos, head_dim / 2] of CONFIGS[name] from its own rope_theta and head_dim (the
+    constructor's defaults 10000 and hidden_size // num_heads when absent): independent of the module."""
+    cfg = CONFIGS[name]
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_heads"])
+    return cos_sin_formula(max_pos, head_dim, cfg.get("rope_theta", 10000.0))
+
+
+def reference(name, mod, dtype, device):
+    """(RefAttention of `mod` in `dtype`, cos, sin): convention and tables from CONFIGS[name]."""
+    cos, sin = config_tables(name)
+    ref = RefAttention.like(mod, dtype, CONFIGS[name].get("rope_interleaved", False))
+    return ref, cos.to(device), sin.to(device)
+
+
 # --------------------------------------------------------------------------------------------------
 # Module structure
 # --------------------------------------------------------------------------------------------------
 def test_module_structure(device):
-    m = GroupedQueryAttention(64, 8, 2, bias=True, device=device)
+    m = GroupedQueryAttention(64, 8, 2, bias=True, rope_theta=1e6, device=device)
     names = {n: tuple(p.shape) for n, p in m.named_parameters()}
     assert names == {"q_proj.weight": (64, 64), "q_proj.bias": (64,), "k_proj.weight": (16, 64),
                      "k_proj.bias": (16,), "v_proj.weight": (16, 64), "v_proj.bias": (16,),
                      "o_proj.weight": (64, 64)}
     assert set(m.state_dict()) == set(names)          # rotary tables are non-persistent
     assert m.rope_cos.shape == (4096, 4) and m.rope_cos.dtype == torch.float32
-    cos, sin = attn_ops.rotary_cos_sin(4096, 8, 10000.0, device=device)
-    assert torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)
+    exact_cos, exact_sin = cos_sin_formula(4096, 8, 1e6)
+    assert_table_from_formula(m.rope_cos, exact_cos, "rope_cos")
+    assert_table_from_formula(m.rope_sin, exact_sin, "rope_sin")
+    cos, sin = m.rope_cos.clone(), m.rope_sin.clone()
     m = m.to(torch.bfloat16)
     assert m.q_proj.weight.dtype == torch.bfloat16 and m.rope_cos.dtype == torch.float32
     assert torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)
     # a float64 module has float64 tables, computed in float64, whatever dtype it was built in
-    cos64, sin64 = attn_ops.rotary_cos_sin(4096, 8, 10000.0, dtype=torch.float64, device=device)
     m = m.double()
-    assert torch.equal(m.rope_cos, cos64) and torch.equal(m.rope_sin, sin64)
+    assert m.rope_cos.dtype == torch.float64
+    assert_table_from_formula(m.rope_cos, exact_cos, "float64 rope_cos")
+    assert_table_from_formula(m.rope_sin, exact_sin, "float64 rope_sin")
+    cos64 = m.rope_cos.clone()
     m = m.float()
     assert m.rope_cos.dtype == torch.float32 and torch.equal(m.rope_cos, cos64.float())
     # tables the caller wrote (YaRN) survive every cast, in the table dtype of the module's
@@ -171,9 +198,9 @@ def test_forward_matches_reference(name, dtype, device):
     pos = default_positions(B, T, device)
     with torch.no_grad():
         out = mod(x)
-        ref64 = RefAttention.like(mod, torch.float64)(x.double(), mod.rope_cos.double(),
-                                                       mod.rope_sin.double(), pos)
-        same = RefAttention.like(mod, dtype)(x, mod.rope_cos, mod.rope_sin, pos)
+        r64, cos, sin = reference(name, mod, torch.float64, device)
+        ref64 = r64(x.double(), cos, sin, pos)
+        same = reference(name, mod, dtype, device)[0](x, cos, sin, pos)
     assert out.shape == (B, T, mod.hidden_size) and out.dtype == dtype
     assert_close_to_ref(out, ref64, same, name="out")
 
@@ -190,9 +217,9 @@ def test_explicit_positions(dtype, device):
         posb = pos.expand(B, T)
         with torch.no_grad():
             out = mod(x, positions=pos)
-            ref64 = RefAttention.like(mod, torch.float64)(x.double(), mod.rope_cos.double(),
-                                                           mod.rope_sin.double(), posb)
-            same = RefAttention.like(mod, dtype)(x, mod.rope_cos, mod.rope_sin, posb)
+            r64, cos, sin = reference("qwen2_bias", mod, torch.float64, device)
+            ref64 = r64(x.double(), cos, sin, posb)
+            same = reference("qwen2_bias", mod, dtype, device)[0](x, cos, sin, posb)
         assert_close_to_ref(out, ref64, same, name="out")
 
 
@@ -213,11 +240,10 @@ def test_backward_matches_reference(name, dtype, device):
         return {"x": x.grad, **{n: p.grad for n, p in params}}
 
     ours = grads(mod, list(mod.named_parameters()), dtype)
-    r64 = RefAttention.like(mod, torch.float64)
-    g64 = grads(lambda x: r64(x, mod.rope_cos.double(), mod.rope_sin.double(), pos),
-                list(r64.named_parameters()), torch.float64)
-    rs = RefAttention.like(mod, dtype)
-    gs = grads(lambda x: rs(x, mod.rope_cos, mod.rope_sin, pos), list(rs.named_parameters()), dtype)
+    r64, cos, sin = reference(name, mod, torch.float64, device)
+    g64 = grads(lambda x: r64(x, cos, sin, pos), list(r64.named_parameters()), torch.float64)
+    rs = reference(name, mod, dtype, device)[0]
+    gs = grads(lambda x: rs(x, cos, sin, pos), list(rs.named_parameters()), dtype)
     assert set(ours) == set(g64)
     for n in ours:
         assert ours[n] is not None, n
@@ -245,8 +271,8 @@ def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
     against the reference only)."""
     stack = stack_of(build, name, dtype, device)
     full_tol = {torch.float64: 1e-10, torch.float32: 2e-5}.get(dtype)
-    check_prefill_then_decode(stack, cache_factory(make_cache, stack, dtype, device, kind), ref_stack_forward, dtype,
-                              device, full_tol)
+    check_prefill_then_decode(stack, cache_factory(make_cache, stack, dtype, device, kind), ref_stack_forward(name),
+                              dtype, device, full_tol)
 
 
 @pytest.mark.parametrize("kind", ["contig", "paged4", "paged16"])
@@ -459,15 +485,20 @@ def test_paged_reserve_and_free_rows_take_integers_only():
 @pytest.mark.parametrize("kind", ["gqa", "mla"])
 def test_meta_init_then_to_empty_computes_the_rotary_tables(kind):
     """A meta-device init, to_empty() and load_state_dict(): the rotary tables are non-persistent buffers, so
-    nothing restored them and the outputs were NaN (uninitialised memory). Leaving meta now computes them."""
+    nothing restored them and the outputs were NaN (uninitialised memory). Leaving meta now computes them,
+    with the module's own theta (not the default)."""
     if kind == "gqa":
-        make = lambda device: GroupedQueryAttention(32, 4, 2, device=device)  # noqa: E731
+        make = lambda device: GroupedQueryAttention(32, 4, 2, rope_theta=5e5, device=device)  # noqa: E731
     else:
-        make = lambda device: MultiHeadLatentAttention(32, 2, None, 8, 4, 4, 4, device=device)  # noqa: E731
+        make = lambda device: MultiHeadLatentAttention(32, 2, None, 8, 4, 4, 4, rope_theta=5e5,  # noqa: E731
+                                                       device=device)
     ref = make(None)
     mod = make("meta").to_empty(device="cpu")
     mod.load_state_dict(ref.state_dict())
     assert torch.equal(mod.rope_cos, ref.rope_cos) and torch.equal(mod.rope_sin, ref.rope_sin)
+    exact_cos, exact_sin = cos_sin_formula(4096, 8 if kind == "gqa" else 4, 5e5)
+    assert_table_from_formula(mod.rope_cos, exact_cos, "rope_cos")
+    assert_table_from_formula(mod.rope_sin, exact_sin, "rope_sin")
     x = torch.randn(2, 5, 32)
     torch.testing.assert_close(mod(x), ref(x), rtol=0, atol=0)
 

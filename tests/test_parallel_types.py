@@ -12,6 +12,8 @@ from attn_ops.nn import GroupedQueryAttention, MultiHeadLatentAttention
 from attn_ops.nn.parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,
                                   TensorParallelMultiHeadLatentAttention)
 from model_helpers import randomize_vectors
+from rope_reference import (assert_table_from_formula, cos_sin_formula, cos_sin_of, yarn_attention_factor,
+                            yarn_inv_freq)
 
 F64 = torch.float64
 
@@ -29,6 +31,13 @@ def group():
         dist.destroy_process_group()
 
 
+def check_tables(local, exact_cos, exact_sin):
+    """The shard's rotary tables are the formula's (matching the full module alone would let both share
+    wrong ones)."""
+    assert_table_from_formula(local.rope_cos, exact_cos, "shard rope_cos")
+    assert_table_from_formula(local.rope_sin, exact_sin, "shard rope_sin")
+
+
 def check_same(full, local, x):
     x_full, x_local = x.clone().requires_grad_(), x.clone().requires_grad_()
     out_full, out_local = full(x_full), local(x_local)
@@ -42,8 +51,10 @@ def check_same(full, local, x):
 
 
 def test_gqa_shard_types(group):
-    full = randomize_vectors(GroupedQueryAttention(32, 4, 2, bias=True, softmax_scale=0.4, dtype=F64))
+    full = randomize_vectors(GroupedQueryAttention(32, 4, 2, bias=True, softmax_scale=0.4, rope_theta=1e6,
+                                                   dtype=F64))
     local = attn_ops.tensor_parallel(full)
+    check_tables(local, *cos_sin_formula(4096, 8, 1e6))
     assert type(local) is TensorParallelGroupedQueryAttention and isinstance(local, GroupedQueryAttention)
     assert all(type(getattr(local, n)) is ColumnParallelLinear and not getattr(local, n).copy_input
                for n in ("q_proj", "k_proj", "v_proj"))
@@ -59,9 +70,14 @@ def test_gqa_shard_types(group):
 
 @pytest.mark.parametrize("q_lora_rank", [None, 8])
 def test_mla_shard_types(group, q_lora_rank):
+    """With YaRN tables (theta 1e6, factor 4 over 32 original positions, DeepSeek's attention factor) that
+    the caller wrote into the full module: the shard must keep them, not rebuild the constructor's."""
     full = randomize_vectors(MultiHeadLatentAttention(32, 2, q_lora_rank, 8, 4, 4, 4, attention_bias=True,
-                                                      dtype=F64))
+                                                      rope_theta=1e6, dtype=F64))
+    yarn = cos_sin_of(4096, yarn_inv_freq(4, 1e6, 4.0, 32), yarn_attention_factor(4.0, 1.0, 0.8))
+    full.rope_cos, full.rope_sin = yarn
     local = attn_ops.tensor_parallel(full)
+    check_tables(local, *yarn)
     assert type(local) is TensorParallelMultiHeadLatentAttention
     q = local.q_proj if q_lora_rank is None else local.q_b_proj
     assert type(q) is ColumnParallelLinear and q.copy_input
