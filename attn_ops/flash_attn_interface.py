@@ -10,7 +10,8 @@ Each function takes FlashAttention 2's arguments with its semantics and is a thi
 ``alibi_slopes``, fp8 inputs. ``deterministic`` and ``num_splits`` are accepted and ignored (the
 results do not depend on them). With ``return_attn_probs=True`` the functions return
 ``(out, softmax_lse, None)``: the lse as FlashAttention gives it, no attention probabilities (those
-only exist for dropout in FlashAttention too).
+only exist for dropout in FlashAttention too). FlashAttention 3's surface is attn_ops.flash_attn3_interface;
+attn_ops.flash_attn_shim serves both under FlashAttention's own module names.
 """
 
 from typing import Optional, Tuple, Union
