@@ -10,15 +10,16 @@ Each function takes FlashAttention 2's arguments with its semantics and is a thi
 ``alibi_slopes``, fp8 inputs. ``deterministic`` and ``num_splits`` are accepted and ignored (the
 results do not depend on them). With ``return_attn_probs=True`` the functions return
 ``(out, softmax_lse, None)``: the lse as FlashAttention gives it, no attention probabilities (those
-only exist for dropout in FlashAttention too).
+only exist for dropout in FlashAttention too). FlashAttention 3's surface is attn_ops.flash_attn3_interface;
+attn_ops.flash_attn_shim serves both under FlashAttention's own module names.
 """
 
 from typing import Optional, Tuple, Union
 
-import torch
 from torch import Tensor
 
 from . import ops
+from ._flash_attn_kvcache import FP8, kvcache_step, last_dim_contiguous
 
 __all__ = [
     "flash_attn_func",
@@ -30,16 +31,13 @@ __all__ = [
     "flash_attn_with_kvcache",
 ]
 
-_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-             if hasattr(torch, n))
-
 
 def _check_supported(q: Tensor, dropout_p: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> None:
     if dropout_p > 0.0:
         raise NotImplementedError(f"attn_ops.flash_attn_interface: dropout_p > 0 is not supported, got {dropout_p}")
     if alibi_slopes is not None:
         raise NotImplementedError("attn_ops.flash_attn_interface: alibi_slopes (ALiBi) is not supported")
-    if q.dtype in _FP8:
+    if q.dtype in FP8:
         raise NotImplementedError(f"attn_ops.flash_attn_interface: fp8 inputs are not supported, got {q.dtype}")
 
 
@@ -47,13 +45,8 @@ def _result(out: Tensor, lse: Tensor, return_lse: bool):
     return (out, lse, None) if return_lse else out
 
 
-def _last_dim_contiguous(x: Tensor) -> Tensor:
-    """FlashAttention's wrappers copy an input whose last dim is strided; the ops refuse one."""
-    return x if x is None or x.stride(-1) == 1 else x.contiguous()
-
-
 def _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, **varlen):
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(q, k, v, scale=softmax_scale, causal=causal, window_left=window_size[0],
                              window_right=window_size[1], softcap=softcap, **varlen)
     return _result(out, lse, return_attn_probs)
@@ -125,39 +118,6 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                       max_seqlen_k=max_seqlen_k)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: bool) -> Tensor:
-    return ops.rotary_embedding(x, cos, sin, positions, interleaved=interleaved)
-
-
-def _new_token_blocks(table: torch.Tensor, pos: torch.Tensor, block_size: int, num_blocks: int,
-                      rows: Optional[torch.Tensor]) -> torch.Tensor:
-    """The cache block of each new token ``pos [B, Tnew]`` (its position in its row), from the rows of
-    ``block_table`` given as ``table``.
-
-    Checked here, before the append, where the values can be read without a device sync (CPU): otherwise an
-    entry of -1 at offset block_size - 1 becomes slot -1, which the append skips, and attention_with_kvcache
-    rejected the table only after the other rows' tokens were written. On CUDA the device-side checks of the
-    two ops (and gather's) end the context instead; under torch.compile the ops' own checks run as they can."""
-    col = pos // block_size
-    if table.is_cuda or pos.numel() == 0 or torch.compiler.is_compiling():  # no value reads while tracing
-        return table.long().gather(1, col)
-    width = table.shape[1]
-    over = (col >= width).nonzero()
-    if over.numel():
-        b = int(over[0, 0])
-        raise RuntimeError(f"attn_ops.flash_attn_with_kvcache: cache_seqlens[{b}] = {int(pos[b, 0])} plus "
-                           f"{pos.shape[1]} new tokens exceeds the cache capacity {width * block_size} "
-                           f"(block_table width {width} x block_size {block_size})")
-    blocks = table.long().gather(1, col)
-    bad = ((blocks < 0) | (blocks >= num_blocks)).nonzero()
-    if bad.numel():
-        b, j = bad[0].tolist()
-        row = b if rows is None else int(rows[b])
-        raise RuntimeError(f"attn_ops.flash_attn_with_kvcache: block_table[{row}, {int(col[b, j])}] = "
-                           f"{int(blocks[b, j])} is out of range [0, {num_blocks})")
-    return blocks
-
-
 def flash_attn_with_kvcache(
     q: Tensor,
     k_cache: Tensor,
@@ -191,42 +151,11 @@ def flash_attn_with_kvcache(
     Returns out [B, Tq, Hq, Dv], or (out, softmax_lse [B, Hq, Tq]) with return_softmax_lse.
     """
     _check_supported(q, 0.0, alibi_slopes)
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    batch, seqlen_q = q.shape[0], q.shape[1]
     capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
-    if cache_seqlens is None:  # every row holds the whole cache
-        cache_seqlens = capacity - (0 if k is None else k.shape[1])
-    if isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    lens = cache_seqlens.to(torch.int32)
-    rows = None if cache_batch_idx is None else cache_batch_idx.to(torch.int32)
-    leftpad = None if cache_leftpad is None else cache_leftpad.to(torch.int32)
-    seqlen_new = 0 if k is None else k.shape[1]
-
-    if rotary_cos is not None:
-        if k is not None:
-            k_pos = lens[:, None] + torch.arange(seqlen_new, device=q.device, dtype=torch.int32)
-            k = _rotate(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
-        # FlashAttention: queries at consecutive positions when causal / windowed, all at cache_seqlens else;
-        # a window side that spans the whole cache (>= its capacity) counts as none, as FlashAttention drops it.
-        windowed = any(0 <= side < capacity for side in window_size)
-        step = 1 if causal or windowed else 0
-        q_pos = lens[:, None] + step * torch.arange(seqlen_q, device=q.device, dtype=torch.int32)
-        q = _rotate(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
-
-    if k is not None:
-        if block_table is None:
-            ops.kv_cache_append(k_cache, v_cache, k, v, lens, cache_batch_idx=rows)
-        else:
-            table = block_table if rows is None else block_table.index_select(0, rows)
-            block_size = k_cache.shape[1]
-            pos = (lens[:, None] + torch.arange(seqlen_new, device=q.device, dtype=torch.int32)).long()
-            blocks = _new_token_blocks(table, pos, block_size, k_cache.shape[0], rows)
-            slots = blocks * block_size + pos % block_size
-            ops.paged_kv_cache_append(k_cache, v_cache, k.flatten(0, 1), v.flatten(0, 1), slots.flatten())
-        lens = lens + seqlen_new
-
-    out, lse = ops.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=block_table, scale=softmax_scale,
-                                          causal=causal, window_left=window_size[0], window_right=window_size[1],
-                                          softcap=softcap, cache_batch_idx=rows, cache_leftpad=leftpad)
+    # FlashAttention 2 drops a window side that spans the cache (>= its capacity) before it picks the rotary
+    # query positions: consecutive when causal or windowed, all at cache_seqlens[b] else.
+    windowed = any(0 <= side < capacity for side in window_size)
+    out, lse = kvcache_step(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                            rotary_interleaved, rotate_q_consecutive=causal or windowed)
     return (out, lse) if return_softmax_lse else out

@@ -132,8 +132,10 @@ def kv_cache_append(
     ``k_cache`` ``[B, capacity, Hkv, Dk]``, ``v_cache`` ``[B, capacity, Hkv, Dv]``; ``k`` ``[B, Tnew, Hkv, Dk]``
     and ``v`` ``[B, Tnew, Hkv, Dv]`` are written at rows ``cache_seqlens[b] .. cache_seqlens[b] + Tnew - 1``
     (``cache_seqlens``: int32 ``[B]``). ``cache_seqlens`` itself is not changed: advance it after the call.
-    With ``cache_batch_idx`` (int32 ``[B]``, distinct values) the caches hold any number of rows (a pool) and
-    row ``b`` of ``k`` goes to cache row ``cache_batch_idx[b]``.
+    With ``cache_batch_idx`` (int32 ``[B]``) the caches hold any number of rows (a pool) and row ``b`` of ``k``
+    goes to cache row ``cache_batch_idx[b]``. Rows may repeat (FlashAttention's padding rows pointing at one spare
+    row): where two batch rows write the same cache position, the higher batch row's token lands, on every
+    backend; positions only one of them writes all land.
     Every check (shapes, dtypes, capacity, batch indices) runs before anything is written.
     """
     torch.ops.attn_ops.kv_cache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=cache_batch_idx)

@@ -57,8 +57,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 
 // Writes k [batch, seqlen_new, heads_kv, head_dim] (and v) into the contiguous cache
 // k_cache [batch, capacity, heads_kv, head_dim] at each row's current length cache_seqlens[b] (int32).
-// With cache_batch_idx (int32 [batch], distinct), row b goes to cache row cache_batch_idx[b] of a cache with any
-// number of rows.
+// With cache_batch_idx (int32 [batch]), row b goes to cache row cache_batch_idx[b] of a cache with any number of
+// rows; repeated rows are allowed: where two batch rows write one position, the higher batch row's token lands.
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& cache_seqlens,
                      const std::optional<at::Tensor>& cache_batch_idx = std::nullopt);

@@ -81,12 +81,12 @@ REJECTIONS = {
         "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([20, 20], dtype=torch.int32, device=d), "
         "block_table=bt, cache_batch_idx=i, cache_leftpad=p)",
         "attn_ops.attention_with_kvcache: block_table[1, 1] = 9 is out of range [0, 6)"),
-    "append_batch_idx_repeat": (
-        "kc = torch.randn(4, 16, 2, 8, device=d); vc = torch.randn_like(kc)\n"
-        "k = torch.randn(3, 1, 2, 8, device=d)\n"
-        "attn_ops.kv_cache_append(kc, vc, k, k.clone(), torch.tensor([0, 1, 2], dtype=torch.int32, device=d), "
+    "append_batch_idx_repeat": (  # kv_cache_append accepts repeated rows (test_kvcache_duplicate_rows.py)
+        "lc = torch.randn(4, 16, 24, device=d)\n"
+        "attn_ops.mla_cache_append(lc, torch.randn(3, 1, 16, device=d), torch.randn(3, 1, 8, device=d), "
+        "cache_seqlens=torch.tensor([0, 1, 2], dtype=torch.int32, device=d), "
         "cache_batch_idx=torch.tensor([3, 0, 3], dtype=torch.int32, device=d))",
-        "attn_ops.kv_cache_append: cache_batch_idx[2] = 3 repeats cache_batch_idx[0]: the rows of one write must be "
+        "attn_ops.mla_cache_append: cache_batch_idx[2] = 3 repeats cache_batch_idx[0]: the rows of one write must be "
         "distinct cache rows"),
     "rotary_position": (
         "cos, sin = attn_ops.rotary_cos_sin(16, 8, device=d)\n"

@@ -116,7 +116,6 @@ def test_mla_decode():
 # Writes: rejected before anything is written
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("idx,msg", [
-    ([3, 3], "cache_batch_idx[1] = 3 repeats cache_batch_idx[0]: the rows of one write must be distinct cache rows"),
     ([3, 4], "cache_batch_idx[1] = 4 is out of range [0, 4) (the rows of k_cache)"),
     ([3], "cache_batch_idx must be an int32 tensor of shape [2], got int32 tensor of shape [1]"),
 ])

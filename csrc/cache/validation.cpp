@@ -65,7 +65,8 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
                      [&] { return shape_str({batch}); });
   check_same_device(op, "cache_seqlens", cache_seqlens, "k_cache", k_cache);
   if (selected) {
-    check_write_batch_idx(op, *cache_batch_idx, batch, kc[0], "k_cache", k_cache);
+    // repeated rows allowed: where their writes overlap, the highest batch row's token lands (kv_cache_append)
+    check_write_batch_idx(op, *cache_batch_idx, batch, kc[0], "k_cache", k_cache, /*distinct=*/false);
   }
   if (can_read_values(cache_seqlens)) {
     check_append_lengths(op, cache_seqlens, k.size(1), k_cache.size(1));

@@ -10,8 +10,8 @@ namespace attn_ops {
 
 // kv_cache_append: k_cache [B, capacity, Hkv, Dk], v_cache [B, capacity, Hkv, Dv], k [B, Tnew, Hkv, Dk],
 // v [B, Tnew, Hkv, Dv], cache_seqlens int32 [B] (its values are checked when the tensors hold data). With
-// cache_batch_idx (int32 [B], distinct values), the caches have any number of rows and row b of k goes to
-// cache row cache_batch_idx[b].
+// cache_batch_idx (int32 [B]), the caches have any number of rows and row b of k goes to cache row
+// cache_batch_idx[b]; rows may repeat (where two batch rows write one position, the higher batch row's token lands).
 void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                                   const at::Tensor& v, const at::Tensor& cache_seqlens,
                                   const std::optional<at::Tensor>& cache_batch_idx);

@@ -71,12 +71,12 @@ void check_kvcache_row_values(const char* op, const KvCacheRows& rows, int64_t t
 }
 
 void check_write_batch_idx(const char* op, const at::Tensor& cache_batch_idx, const c10::SymInt& batch,
-                           const c10::SymInt& cache_rows, const char* ref_name, const at::Tensor& ref) {
+                           const c10::SymInt& cache_rows, const char* ref_name, const at::Tensor& ref, bool distinct) {
   check_row_vector(op, "cache_batch_idx", cache_batch_idx, batch, ref_name, ref);
   if (!can_read_values(cache_batch_idx) || cache_rows.is_symbolic()) {
     return;
   }
-  check_batch_idx_values(op, cache_batch_idx, cache_rows.expect_int(), ref_name, /*distinct=*/true);
+  check_batch_idx_values(op, cache_batch_idx, cache_rows.expect_int(), ref_name, distinct);
 }
 
 }  // namespace attn_ops

@@ -33,8 +33,8 @@ void check_kvcache_row_values(const char* op, const KvCacheRows& rows, int64_t t
                               int64_t capacity, int64_t block_size, int64_t num_blocks);
 
 // cache_batch_idx of a cache write: int32 [batch] on the device of `ref`; when its values can be read, each
-// in [0, cache_rows) and no two equal (two batch rows writing one cache row would race).
+// in [0, cache_rows) and, when `distinct` (a write whose kernel does not order repeated rows), no two equal.
 void check_write_batch_idx(const char* op, const at::Tensor& cache_batch_idx, const c10::SymInt& batch,
-                           const c10::SymInt& cache_rows, const char* ref_name, const at::Tensor& ref);
+                           const c10::SymInt& cache_rows, const char* ref_name, const at::Tensor& ref, bool distinct);
 
 }  // namespace attn_ops

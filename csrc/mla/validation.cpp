@@ -76,7 +76,8 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
                        [&] { return shape_str({batch}); });
     check_same_device(op, "cache_seqlens", lens, "latent_cache", latent_cache);
     if (selected) {
-      check_write_batch_idx(op, *cache_batch_idx, batch, latent_cache.sym_size(0), "latent_cache", latent_cache);
+      check_write_batch_idx(op, *cache_batch_idx, batch, latent_cache.sym_size(0), "latent_cache", latent_cache,
+                            /*distinct=*/true);
     }
     if (can_read_values(lens)) {
       check_append_lengths(op, lens, c_kv.size(1), latent_cache.size(1));

@@ -16,12 +16,17 @@ void kv_cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, c
   const int32_t* len = lens.const_data_ptr<int32_t>();
   const int64_t batch = k.size(0), added = k.size(1), heads = k.size(2);
   const std::vector<int64_t> cache_row = batch_rows(cache_batch_idx, batch);
+  const std::vector<char> skip =
+      cache_batch_idx.has_value() ? superseded_tokens(cache_row, len, added) : std::vector<char>();
   // Token t of the flattened [batch, seqlen_new] new tokens goes to position len[b] + t % seqlen_new of cache
-  // row cache_row[b].
+  // row cache_row[b], unless a higher batch row writes that position too (repeated cache_batch_idx rows).
   for (const auto& [cache, src] : {std::pair<const at::Tensor&, const at::Tensor&>{k_cache, k}, {v_cache, v}}) {
     copy_rows(
         cache, src, batch * added, heads,
-        [&](int64_t t, int64_t h) {
+        [&](int64_t t, int64_t h) -> int64_t {
+          if (!skip.empty() && skip[t]) {
+            return -1;
+          }
           const int64_t b = t / added;
           return cache_row[b] * cache.stride(0) + (len[b] + t % added) * cache.stride(1) + h * cache.stride(2);
         },

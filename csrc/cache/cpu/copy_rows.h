@@ -22,6 +22,36 @@ inline std::vector<int64_t> batch_rows(const std::optional<at::Tensor>& cache_ba
   return rows;
 }
 
+// For an append of `added` tokens per batch row at positions len[b] .. len[b] + added - 1 of cache row rows[b]:
+// whether each token t = b * added + i is overwritten by a higher batch row of the same cache row (repeated
+// cache_batch_idx values), so that the highest batch row's token lands wherever writes overlap, whatever the
+// thread order. Empty when no cache row repeats (the common case costs one sort of the batch).
+inline std::vector<char> superseded_tokens(const std::vector<int64_t>& rows, const int32_t* len, int64_t added) {
+  const int64_t batch = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> order(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    order[b] = b;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] < rows[b]; });
+  std::vector<char> skip;
+  for (int64_t first = 0, last; first < batch; first = last) {
+    for (last = first + 1; last < batch && rows[order[last]] == rows[order[first]]; ++last) {
+    }
+    for (int64_t x = first; x < last; ++x) {  // the batch rows of one cache row, ascending
+      for (int64_t y = x + 1; y < last; ++y) {
+        const int64_t b = order[x], o = order[y];
+        for (int64_t i = 0; i < added; ++i) {
+          if (len[b] + i >= len[o] && len[b] + i < len[o] + added) {
+            skip.resize(batch * added, 0);
+            skip[b * added + i] = 1;
+          }
+        }
+      }
+    }
+  }
+  return skip;
+}
+
 // Copies the `dim` elements of one head row.
 inline void copy_row(char* dst, const char* src, int64_t dim, int64_t elem_size) {
   std::memcpy(dst, src, dim * elem_size);

@@ -18,7 +18,8 @@ namespace attn_ops::cuda {
 
 // Row (t, h) of new tokens [batch, added, heads, dim] goes to position cache_len[b] + t % added of cache
 // row cache_row[b] (cache_batch_idx; without it, row b) of b = t / added, in a contiguous cache
-// [rows, capacity, heads, dim]; a row b whose tokens do not all fit is not written at all.
+// [rows, capacity, heads, dim]; a row b whose tokens do not all fit is not written at all, and a token that
+// `superseded` marks (a higher batch row of the same cache row writes its position) is skipped.
 struct AppendOffsets {
   const int32_t* cache_len;  // [batch]
   int64_t added, capacity;
@@ -26,6 +27,7 @@ struct AppendOffsets {
   int64_t src_batch, src_token, src_head;  // new-token strides (elements)
   const int32_t* cache_row = nullptr;      // [batch] or null
   int64_t num_rows = 0;                    // cache rows (bound of cache_row)
+  const bool* superseded = nullptr;        // [batch * added] or null (cache_cuda.cu marks it)
 
   __device__ __forceinline__ bool operator()(int64_t t, int64_t h, int64_t* dst, int64_t* src) const {
     const int64_t b = t / added, i = t % added;
@@ -33,7 +35,8 @@ struct AppendOffsets {
     const int64_t r = cache_row != nullptr ? static_cast<int64_t>(cache_row[b]) : b;
     // The whole row or nothing: a length that leaves no room for all `added` tokens skips every one of them
     // (only reachable under graph capture, where the value checks do not run; docs/cuda.md).
-    if (cache_len[b] < 0 || cache_len[b] > capacity - added || r < 0 || (cache_row != nullptr && r >= num_rows)) {
+    if (cache_len[b] < 0 || cache_len[b] > capacity - added || r < 0 || (cache_row != nullptr && r >= num_rows) ||
+        (superseded != nullptr && superseded[t])) {
       return false;
     }
     *dst = r * dst_batch + row * dst_token + h * dst_head;

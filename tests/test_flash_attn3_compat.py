@@ -1,0 +1,253 @@
+"""attn_ops.flash_attn3_interface (FlashAttention 3's surface) against the float64 reference, under
+FlashAttention's rule (reference.assert_close_to_ref): positional softmax_scale, return arities, seqused_q /
+seqused_k, paged varlen, packed queries and new keys in flash_attn_with_kvcache, rotary_seqlens,
+flash_attn_combine, out=, and a clear NotImplementedError for what attn_ops cannot honour. The functions
+both modules offer run through both."""
+
+import re
+
+import pytest
+import torch
+
+import attn_ops.flash_attn3_interface as fa3
+import attn_ops.flash_attn_interface as fa2
+from reference import assert_close_to_ref, attention_ref, same_dtype_ref
+from test_flash_attn_compat import HEADS, MASKS, check_fa_rule, fa_kvcache_ref, fa_to_ref, kvcache_case
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+
+def cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("module", ["fa2", "fa3"])
+@pytest.mark.parametrize("seqlens", [(1, 147), (113, 203), (240, 97)], ids=str)
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("mask", MASKS)
+def test_flash_attn_func_both_modules(module, seqlens, heads, mask):
+    (tq, tk), (hq, hk) = seqlens, HEADS[heads]
+    q, k, v = (torch.randn(2, t, h, 64, dtype=BF16) for t, h in ((tq, hq), (tk, hk), (tk, hk)))
+    kw = dict(MASKS[mask], softmax_scale=0.3)
+    if module == "fa2":
+        out, lse, probs = fa2.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+        assert probs is None
+    else:
+        out, lse = fa3.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    check_fa_rule(out, q, k, v, kw, lse=lse)
+
+
+def test_fa3_positional_scale_and_causal():
+    """FA3 takes softmax_scale third and causal fourth (FA2: dropout_p, softmax_scale)."""
+    q, k, v = (torch.randn(1, 9, 2, 32) for _ in range(3))
+    assert torch.equal(fa3.flash_attn_func(q, k, v, 0.25, True), fa2.flash_attn_func(q, k, v, 0.0, 0.25, True))
+    grads = torch.autograd.grad(fa3.flash_attn_func(*(t.requires_grad_() for t in (q, k, v)), 0.25, True).sum(),
+                                (q, k, v))
+    assert all(g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("layout", ["5d", "4d_gqa"])
+def test_fa3_qkvpacked(layout):
+    q, k, v = torch.randn(2, 30, 4, 32), torch.randn(2, 30, 2, 32), torch.randn(2, 30, 2, 32)
+    kw = dict(causal=True, window_size=(10, -1))
+    if layout == "5d":
+        k, v = k.repeat(1, 1, 2, 1), v.repeat(1, 1, 2, 1)
+        out, lse = fa3.flash_attn_qkvpacked_func(torch.stack([q, k, v], 2), return_attn_probs=True, **kw)
+    else:
+        out, lse = fa3.flash_attn_qkvpacked_func(torch.cat([q, k, v], 2), num_heads_q=4, return_attn_probs=True, **kw)
+    ref = fa3.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+
+
+def _compact(x, cu_x, used):
+    """The first used[b] tokens of each sequence of packed x, packed again, with their cu_seqlens."""
+    keep = torch.cat([torch.arange(int(cu_x[b]), int(cu_x[b]) + int(used[b])) for b in range(len(used))])
+    return x[keep], cu(used.tolist()), keep
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "local", "softcap"])
+@pytest.mark.parametrize("which", ["q", "k", "both"])
+def test_fa3_varlen_seqused(which, mask):
+    lens_q, lens_k = [5, 0, 17, 9], [12, 3, 20, 9]
+    used_q = torch.tensor([3, 0, 17, 4], dtype=torch.int32) if which != "k" else None
+    used_k = torch.tensor([12, 0, 7, 9], dtype=torch.int32) if which != "q" else None
+    cq, ck = cu(lens_q), cu(lens_k)
+    q = torch.randn(int(cq[-1]), 4, 32, dtype=BF16)
+    k, v = (torch.randn(int(ck[-1]), 2, 32, dtype=BF16) for _ in range(2))
+    kw = MASKS[mask]
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cq, ck, 17, 20, used_q, used_k, return_attn_probs=True, **kw)
+    uq = torch.tensor(lens_q, dtype=torch.int32) if used_q is None else used_q
+    uk = torch.tensor(lens_k, dtype=torch.int32) if used_k is None else used_k
+    qc, cqc, keep = _compact(q, cq, uq)
+    kc, ckc, _ = _compact(k, ck, uk)
+    vc, _, _ = _compact(v, ck, uk)
+    check_fa_rule(out[keep], qc, kc, vc, kw, lse=lse[:, keep], cu_seqlens_q=cqc, cu_seqlens_k=ckc)
+    unused = torch.ones(q.shape[0], dtype=torch.bool)
+    unused[keep] = False
+    assert torch.all(out[unused] == 0) and torch.all(lse[:, unused] == float("-inf"))
+
+
+def test_fa3_varlen_batched_inputs_with_seqused_k():
+    """cu_seqlens_q / cu_seqlens_k None: batched q / k / v, seqused_k the keys each row uses."""
+    q, k, v = torch.randn(3, 4, 2, 16), torch.randn(3, 10, 2, 16), torch.randn(3, 10, 2, 16)
+    used = torch.tensor([10, 1, 6], dtype=torch.int32)
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, None, None, None, None, seqused_k=used, causal=True,
+                                          return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (3, 2, 4)
+    for b in range(3):
+        n = int(used[b])
+        ref = attention_ref(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=True, compute_dtype=torch.float64)
+        same = attention_ref(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=True, compute_dtype=F32)
+        assert_close_to_ref(out[b:b + 1], ref[0], same[0], name=f"out[{b}]")
+        assert_close_to_ref(lse[b:b + 1], ref[1], same[1], name=f"lse[{b}]")
+
+
+@pytest.mark.parametrize("seqused_q", [False, True])
+def test_fa3_varlen_paged(seqused_q):
+    """page_table (extension): packed queries over a paged cache whose sequence b holds seqused_k[b] keys."""
+    lens_q, used_k, bs = [1, 6, 3], torch.tensor([9, 30, 4], dtype=torch.int32), 8
+    cq = cu(lens_q)
+    used_q = torch.tensor([1, 4, 0], dtype=torch.int32) if seqused_q else None
+    q = torch.randn(int(cq[-1]), 4, 32, dtype=BF16)
+    kc, vc = (torch.randn(20, bs, 2, 32, dtype=BF16) for _ in range(2))
+    table = torch.randperm(20)[:12].view(3, 4).to(torch.int32)
+    kw = dict(causal=True, softcap=3.0)
+    out, lse = fa3.flash_attn_varlen_func(q, kc, vc, cq, None, 6, None, used_q, used_k, return_attn_probs=True,
+                                          page_table=table, **kw)
+    flat = lambda c: torch.cat([c[table[b].long()].flatten(0, 1)[:int(used_k[b])] for b in range(3)])  # noqa: E731
+    uq = torch.tensor(lens_q, dtype=torch.int32) if used_q is None else used_q
+    qc, cqc, keep = _compact(q, cq, uq)
+    check_fa_rule(out[keep], qc, flat(kc), flat(vc), kw, lse=lse[:, keep], cu_seqlens_q=cqc,
+                  cu_seqlens_k=cu(used_k.tolist()))
+
+
+# --------------------------------------------------------------------------------------------------
+# flash_attn_with_kvcache
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tq,tnew", [(1, 1), (4, 4), (5, 2), (1, 0)], ids=str)
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("extras", ["none", "both"])
+@pytest.mark.parametrize("rotary,mask", [(None, "causal"), ("half", "local"), ("interleaved", "softcap")])
+def test_fa3_kvcache_matches_fa_reference(tq, tnew, paged, extras, rotary, mask):
+    a = kvcache_case(BF16, tq=tq, tnew=tnew, paged=paged, batch_idx=extras == "both", leftpad=extras == "both",
+                     rotary=rotary)
+    kw = MASKS[mask]
+    ref, same = fa_kvcache_ref(a, kw, torch.float64), fa_kvcache_ref(a, kw, BF16)
+    args = {("page_table" if n == "block_table" else n): t for n, t in a.items()}
+    out, lse, out_accum, lse_accum = fa3.flash_attn_with_kvcache(**args, **kw, return_softmax_lse=True)
+    assert out_accum.numel() == 0 and lse_accum.numel() == 0
+    assert_close_to_ref(out, ref[0], same[0], name="out")
+    assert_close_to_ref(a["k_cache"], ref[2], same[2], name="k_cache")
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("rotary", [None, "half"])
+def test_fa3_kvcache_packed_q_and_new_keys(paged, rotary):
+    """cu_seqlens_q / cu_seqlens_k_new: rows with their own query and new-key counts give what one call per
+    row gives (each checked against the FA reference)."""
+    tq, tnew = [3, 1, 0], [2, 1, 0]
+    a = kvcache_case(F32, tq=3, tnew=2, paged=paged, batch_idx=True, leftpad=False, rotary=rotary)
+    cache0 = a["k_cache"].clone(), a["v_cache"].clone()
+    q = torch.cat([a["q"][b, :n] for b, n in enumerate(tq)])
+    k, v = (torch.cat([a[x][b, :n] for b, n in enumerate(tnew)]) for x in ("k", "v"))
+    args = {("page_table" if n == "block_table" else n): t for n, t in a.items() if n not in ("q", "k", "v")}
+    out, lse, *_ = fa3.flash_attn_with_kvcache(q, k=k, v=v, cu_seqlens_q=cu(tq), max_seqlen_q=3,
+                                               cu_seqlens_k_new=cu(tnew), causal=True, return_softmax_lse=True,
+                                               **args)
+    offsets, caches = cu(tq), (cache0[0].clone(), cache0[1].clone())
+    for b in range(3):
+        row = dict(a, q=a["q"][b:b + 1, :tq[b]], k=a["k"][b:b + 1, :tnew[b]], v=a["v"][b:b + 1, :tnew[b]],
+                   cache_seqlens=a["cache_seqlens"][b:b + 1], cache_batch_idx=a["cache_batch_idx"][b:b + 1],
+                   k_cache=cache0[0].clone(), v_cache=cache0[1].clone())
+        ref, same = fa_kvcache_ref(row, {"causal": True}, torch.float64), fa_kvcache_ref(row, {"causal": True}, F32)
+        assert_close_to_ref(out[offsets[b]:offsets[b + 1]], ref[0][0], same[0][0], name=f"out row {b}")
+        if tnew[b]:  # the same row through FA2 writes the same cache entries
+            fa2.flash_attn_with_kvcache(**dict(row, k_cache=caches[0], v_cache=caches[1]), causal=True)
+    assert torch.equal(a["k_cache"], caches[0]) and torch.equal(a["v_cache"], caches[1])
+
+
+def test_fa3_kvcache_rotary_seqlens():
+    """rotary_seqlens shifts the rotary positions: the same as FA2 with the tables shifted by as much."""
+    a = kvcache_case(F32, tq=2, tnew=2, paged=False, batch_idx=False, leftpad=False, rotary="half")
+    shift = 3
+    cos, sin = a.pop("rotary_cos"), a.pop("rotary_sin")
+    a2 = {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in a.items()}
+    ours = fa3.flash_attn_with_kvcache(**a, rotary_cos=cos, rotary_sin=sin, causal=True,
+                                       rotary_seqlens=a["cache_seqlens"] + shift)
+    theirs = fa2.flash_attn_with_kvcache(**a2, rotary_cos=cos[shift:], rotary_sin=sin[shift:], causal=True)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(a["k_cache"], a2["k_cache"])
+
+
+def test_fa3_combine_and_scheduler_metadata():
+    """Two key halves' partials combined = attention over all keys; get_scheduler_metadata's result is
+    accepted."""
+    q, k, v = torch.randn(2, 3, 4, 32), torch.randn(2, 40, 4, 32), torch.randn(2, 40, 4, 32)
+    parts = [fa3.flash_attn_func(q, k[:, s], v[:, s], return_attn_probs=True) for s in (slice(0, 17), slice(17, 40))]
+    out_partial = torch.stack([p[0] for p in parts])
+    lse_partial = torch.stack([p[1] for p in parts]).transpose(-1, -2)  # [splits, B, T, H]
+    dest = torch.empty(2, 3, 4, 32, dtype=BF16)
+    out, lse = fa3.flash_attn_combine(out_partial, lse_partial, out=dest, out_dtype=BF16)
+    assert out is dest and lse.shape == (2, 3, 4)
+    ref = attention_ref(q, k, v, compute_dtype=torch.float64)
+    same = same_dtype_ref(attention_ref, q, k, v, compute_dtype=F32)
+    assert_close_to_ref(fa3.flash_attn_combine(out_partial, lse_partial)[0], ref[0], same[0], name="out")
+    assert_close_to_ref(lse.transpose(1, 2), ref[1], same[1], name="lse")
+    lens = torch.tensor([5, 7], dtype=torch.int32)
+    meta = fa3.get_scheduler_metadata(2, 1, 16, 4, 2, 32, lens, causal=True)
+    kc, vc = torch.randn(2, 16, 2, 32), torch.randn(2, 16, 2, 32)
+    q1 = torch.randn(2, 1, 4, 32)
+    assert torch.equal(fa3.flash_attn_with_kvcache(q1, kc, vc, cache_seqlens=lens, scheduler_metadata=meta,
+                                                   num_splits=4, pack_gqa=True),
+                       fa2.flash_attn_with_kvcache(q1, kc, vc, cache_seqlens=lens))
+
+
+def test_fa3_out_argument():
+    q, k, v = torch.randn(2, 5, 2, 16), torch.randn(2, 7, 2, 16), torch.randn(2, 7, 2, 16)
+    dest = torch.empty(2, 5, 2, 16)
+    assert fa3.flash_attn_func(q, k, v, out=dest) is dest
+    assert torch.equal(dest, fa3.flash_attn_func(q, k, v))
+    with pytest.raises(ValueError, match=re.escape("out must have shape [2, 5, 2, 16], dtype torch.float32")):
+        fa3.flash_attn_func(q, k, v, out=torch.empty(2, 5, 2, 8))
+    c = cu([5, 5])
+    dest = torch.empty(10, 2, 16)
+    assert fa3.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), c, cu([7, 7]), 5, 7,
+                                      out=dest) is dest
+    dest = torch.empty(2, 1, 2, 16)
+    assert fa3.flash_attn_with_kvcache(q[:, :1], k, v, out=dest) is dest
+
+
+@pytest.mark.parametrize("name,kw,message", [
+    ("flash_attn_func", {"q_descale": torch.ones(1)}, "q_descale (fp8 descaling) is not supported"),
+    ("flash_attn_func", {"qv": torch.ones(1)}, "qv (a second query against v, MLA) is not supported"),
+    ("flash_attn_varlen_func", {"v_descale": torch.ones(1)}, "v_descale (fp8 descaling) is not supported"),
+    ("flash_attn_with_kvcache", {"k_descale": torch.ones(1)}, "k_descale (fp8 descaling) is not supported"),
+    ("flash_attn_with_kvcache", {"attention_chunk": 8}, "attention_chunk > 0 (chunked attention) is not supported"),
+    ("flash_attn_qkvpacked_func", {"attention_chunk": 4}, "attention_chunk > 0 (chunked attention)"),
+])
+def test_fa3_unsupported_arguments_raise(name, kw, message):
+    q = torch.randn(1, 4, 2, 16)
+    args = {"flash_attn_func": (q, q, q), "flash_attn_qkvpacked_func": (torch.stack([q, q, q], 2),),
+            "flash_attn_with_kvcache": (q, q, q),
+            "flash_attn_varlen_func": (q[0], q[0], q[0], cu([4]), cu([4]), 4, 4)}[name]
+    with pytest.raises(NotImplementedError, match=re.escape(message)):
+        getattr(fa3, name)(*args, **kw)
+
+
+def test_fa3_kvcache_packed_compiles_fullgraph():
+    torch._dynamo.reset()
+    kc, vc = torch.randn(3, 16, 2, 32), torch.randn(3, 16, 2, 32)
+    q, k, v = torch.randn(4, 4, 32), torch.randn(3, 2, 32), torch.randn(3, 2, 32)
+    cos, sin = torch.rand(40, 16).cos(), torch.rand(40, 16).sin()
+    lens, idx = torch.tensor([3, 7], dtype=torch.int32), torch.tensor([2, 0], dtype=torch.int32)
+
+    def step(kc, vc):
+        return fa3.flash_attn_with_kvcache(q, kc, vc, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+                                           cache_batch_idx=idx, cu_seqlens_q=cu([3, 1]), max_seqlen_q=3,
+                                           cu_seqlens_k_new=cu([2, 1]), causal=True)
+
+    kc_e, vc_e = kc.clone(), vc.clone()
+    eager = step(kc_e, vc_e)
+    compiled = torch.compile(step, fullgraph=True)(kc, vc)
+    assert torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
+    torch.testing.assert_close(compiled, eager)
