@@ -126,31 +126,35 @@ def attention_ref(q, k, v, *, scale=None, causal=False, window_left=-1, window_r
 # 20 ulps measured over rows of a few thousand keys.
 FLOOR_ULPS = {
     torch.float64: 64,
-    torch.float32: 8,
-    torch.float16: 8,
-    torch.bfloat16: 8,
+    torch.float32: 16,
+    torch.float16: 16,
+    torch.bfloat16: 16,
 }
 
 
-def rule_floor(dtype, scale, rounded_intermediates=False):
+def rule_floor(dtype, scale, rounded_intermediates=False, max_logit=1.0):
     """The rule's floor for results of `dtype` whose largest reference magnitude is `scale`.
+
+    max_logit: the largest |logit| (|lse|) behind the result, where it exceeds 1: an ulp of a logit L moves its
+    exponential by L ulps, so the floor grows with it (merged partials at lse ~ 150, test_distributed.py).
 
     rounded_intermediates: the kernel rounds intermediate tiles to a 16-bit `dtype` in an order the baseline
     cannot follow (the backward's P and dS before their products, as SDPA's CPU kernel and FlashAttention do;
     autograd through the float32 reference keeps them in float32): half an ulp of the dtype at the result's
     scale more (measured: up to 0.27 ulp, in test_attention_backward*.py)."""
-    floor = FLOOR_ULPS[dtype] * torch.finfo(accumulation_dtype(dtype)).eps * scale
+    floor = FLOOR_ULPS[dtype] * torch.finfo(accumulation_dtype(dtype)).eps * scale * max(1.0, max_logit)
     if rounded_intermediates and accumulation_dtype(dtype) != dtype:
         floor += 0.5 * torch.finfo(dtype).eps * scale
     return floor
 
 
-def assert_close_to_ref(ours, ref64, same_dtype, eps=None, name="tensor", rounded_intermediates=False):
+def assert_close_to_ref(ours, ref64, same_dtype, eps=None, name="tensor", rounded_intermediates=False,
+                        max_logit=1.0):
     """Tolerance rule: max|ours - ref64| <= 2 * max|same_dtype - ref64| + floor.
 
     `same_dtype` is the baseline (same_dtype_ref). Entries where ref64 is -inf (lse of rows with no visible
     key) must be -inf in `ours` too, and only those; `ours` must never hold NaN. `eps=None` takes the floor
-    rule_floor(same_dtype.dtype, max|ref64|, rounded_intermediates). Returns the max error seen.
+    rule_floor(same_dtype.dtype, max|ref64|, rounded_intermediates, max_logit). Returns the max error seen.
     """
     assert tuple(ours.shape) == tuple(ref64.shape), \
         f"{name}: shape {tuple(ours.shape)} != reference {tuple(ref64.shape)}"
@@ -170,7 +174,7 @@ def assert_close_to_ref(ours, ref64, same_dtype, eps=None, name="tensor", rounde
     o, r, s = o[finite], r[finite], s[finite]
     assert torch.isfinite(o).all(), f"{name}: inf in the op's result where the reference is finite"
     if eps is None:
-        eps = rule_floor(same_dtype.dtype, r.abs().max().item(), rounded_intermediates)
+        eps = rule_floor(same_dtype.dtype, r.abs().max().item(), rounded_intermediates, max_logit)
     err = (o - r).abs().max().item()
     same_err = (s - r).abs().max().item()
     bound = 2 * same_err + eps

@@ -89,8 +89,9 @@ def test_merge_equals_full_attention(case, dtype):
     leaves_same = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     ref64 = attention_ref(*leaves64, causal=True)
     same = same_dtype_ref(attention_ref, *leaves_same, causal=True, compute_dtype=dtype)
-    assert_close_to_ref(out, ref64[0], same[0], name="out")
-    assert_close_to_ref(lse, ref64[1], same[1], name="lse")
+    max_logit = ref64[1][torch.isfinite(ref64[1])].abs().max().item()
+    assert_close_to_ref(out, ref64[0], same[0], name="out", max_logit=max_logit)
+    assert_close_to_ref(lse, ref64[1], same[1], name="lse", max_logit=max_logit)
     # some rows see no key in one shard; with Tq > Tk some see none at all: exactly 0 there
     assert any(torch.isneginf(l).any() for l in lses)
     no_key = torch.isneginf(ref64[1]).transpose(1, 2)
@@ -108,7 +109,8 @@ def test_merge_equals_full_attention(case, dtype):
         backward_loss(*result, dout, dlse).backward()
     for name, ours, ref, ref_same in zip("qkv", (q, k, v), leaves64, leaves_same):
         assert torch.isfinite(ours.grad).all()
-        assert_close_to_ref(ours.grad, ref.grad, ref_same.grad.to(dtype), name=f"d{name}")
+        assert_close_to_ref(ours.grad, ref.grad, ref_same.grad.to(dtype), name=f"d{name}",
+                            rounded_intermediates=True, max_logit=max_logit)
 
 
 def test_merge_varlen():
