@@ -85,12 +85,39 @@ def _slots(pos: Tensor, tok_b: Tensor, lens: Tensor, added: Tensor, rows: Option
     return slots if rows is None else _last_writer_wins(slots)
 
 
+def _adjacent(first: Tensor, second: Tensor) -> bool:
+    """Whether ``second`` directly follows ``first`` along the last dim in one buffer, with the same strides: [first ;
+    second] is then a view (MLA caches hold the latent and the rope part of a token side by side)."""
+    return (not torch.compiler.is_compiling()  # no data pointers while tracing: the keys are then a copy
+            and first.dtype == second.dtype and first.device == second.device and first.shape[:-1] == second.shape[:-1]
+            and first.stride() == second.stride() and first.stride(-1) == 1
+            and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+            and second.data_ptr() == first.data_ptr() + first.shape[-1] * first.element_size())
+
+
+def with_qv(q: Tensor, qv: Optional[Tensor], k: Tensor, v: Tensor):
+    """(queries, keys) whose scores are FlashAttention 3's ``q . k + qv . v``: [q ; qv] against [k ; v] (qv
+    [.., Hq, Dv] beside q [.., Hq, D]; MLA's absorbed attention has q the rope part and qv the latent one). Where
+    v and k sit side by side in one buffer the keys are a view of it (in that order); otherwise they are a copy,
+    as large as the keys and values."""
+    if qv is None:
+        return q, k
+    if qv.shape[:-1] != q.shape[:-1] or qv.shape[-1] != v.shape[-1]:
+        raise ValueError(f"{_OP}: qv must have q's shape with v's head dim ([..., {q.shape[-2]}, {v.shape[-1]}]), "
+                         f"got {list(qv.shape)} (q {list(q.shape)}, v {list(v.shape)})")
+    for first, second, queries in ((k, v, (q, qv)), (v, k, (qv, q))):
+        if _adjacent(first, second):
+            keys = first.as_strided((*first.shape[:-1], first.shape[-1] + second.shape[-1]), first.stride())
+            return torch.cat(queries, dim=-1), keys
+    return torch.cat([q, qv], dim=-1), torch.cat([k, v], dim=-1)
+
+
 def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                  rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens, cache_batch_idx,
                  cache_leftpad, block_table, softmax_scale, causal: bool, window_size, softcap: float,
                  rotary_interleaved: bool, *, rotate_q_consecutive: bool, cu_seqlens_q: Optional[Tensor] = None,
                  max_seqlen_q: Optional[int] = None, cu_seqlens_k_new: Optional[Tensor] = None,
-                 rotary_seqlens: Optional[Tensor] = None):
+                 rotary_seqlens: Optional[Tensor] = None, qv: Optional[Tensor] = None):
     """FlashAttention's kvcache step; returns ``(out, lse)``.
 
     q is ``[B, Tq, Hq, D]``, or packed ``[total_q, Hq, D]`` with ``cu_seqlens_q``; k / v (optional) are
@@ -98,7 +125,8 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
     int32 [B] or None: the whole cache) counts each row's keys before the new ones, which are written at the
     following positions. Rotary positions start at ``rotary_seqlens`` (default ``cache_seqlens``); queries sit
     at consecutive positions when ``rotate_q_consecutive``, else all at the start. Duplicate cache_batch_idx
-    rows: where their writes overlap, the highest batch row's tokens land (docs/flash_attn_compat.md).
+    rows: where their writes overlap, the highest batch row's tokens land (docs/flash_attn_compat.md). ``qv``
+    (FlashAttention 3; like q with v's head dim): the scores are q . k + qv . v (with_qv), after q's rotation.
     """
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     packed_q, packed_new = cu_seqlens_q is not None, cu_seqlens_k_new is not None
@@ -153,7 +181,8 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
             ops.paged_kv_cache_append(k_cache, v_cache, flat(k), flat(v), slots)
         lens = lens + added
 
-    return ops.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=block_table, scale=softmax_scale,
+    q, keys = with_qv(q, last_dim_contiguous(qv), k_cache, v_cache)
+    return ops.attention_with_kvcache(q, keys, v_cache, lens, block_table=block_table, scale=softmax_scale,
                                       causal=causal, window_left=window_size[0], window_right=window_size[1],
                                       softcap=softcap, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                       cache_batch_idx=rows, cache_leftpad=leftpad)

@@ -9,7 +9,10 @@ q, k, v: FA3 has no ``dropout_p``) and return what it returns. Beyond FA3: keywo
 ``page_table=`` on ``flash_attn_varlen_func`` (packed queries over a paged cache, vLLM's ``block_table``).
 ``num_splits``, ``pack_gqa``, ``deterministic``, ``sm_margin`` and ``scheduler_metadata`` tune FA3's kernels
 and are accepted (results do not depend on them). Raised as ``NotImplementedError`` naming the argument: fp8
-descales (``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``attention_chunk > 0``.
+descales (``q_descale`` / ``k_descale`` / ``v_descale``) and ``attention_chunk > 0``. ``qv`` (FA3's second
+query, against v: scores ``q . k + qv . v``, MLA's absorbed attention) is taken by every function, any head dims
+(q's + qv's at most 1024), with FA3's default scale ``(D + Dv) ** -0.5``; the keys [k ; v] are a view where
+k and v sit side by side in one buffer (either order), else a copy per call.
 """
 
 from typing import Optional, Union
@@ -18,7 +21,7 @@ import torch
 from torch import Tensor
 
 from . import ops
-from ._flash_attn_kvcache import FP8, kvcache_step, last_dim_contiguous
+from ._flash_attn_kvcache import FP8, kvcache_step, last_dim_contiguous, with_qv
 from .merge import merge_attention_partials
 
 __all__ = [
@@ -33,14 +36,12 @@ __all__ = [
 _NAME = "attn_ops.flash_attn3_interface"
 
 
-def _check_supported(q: Tensor, qv=None, q_descale=None, k_descale=None, v_descale=None, attention_chunk=0) -> None:
+def _check_supported(q: Tensor, q_descale=None, k_descale=None, v_descale=None, attention_chunk=0) -> None:
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if value is not None:
             raise NotImplementedError(f"{_NAME}: {name} (fp8 descaling) is not supported")
     if q.dtype in FP8:
         raise NotImplementedError(f"{_NAME}: fp8 inputs are not supported, got {q.dtype}")
-    if qv is not None:
-        raise NotImplementedError(f"{_NAME}: qv (a second query against v, MLA) is not supported")
     if attention_chunk:
         raise NotImplementedError(f"{_NAME}: attention_chunk > 0 (chunked attention) is not supported, got "
                                   f"{attention_chunk}")
@@ -56,8 +57,9 @@ def _into(out: Optional[Tensor], result: Tensor) -> Tensor:
     return out.copy_(result)
 
 
-def _attention(q, k, v, softmax_scale, causal, window_size, softcap, **varlen):
-    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+def _attention(q, k, v, softmax_scale, causal, window_size, softcap, qv=None, **varlen):
+    q, k, v, qv = (last_dim_contiguous(t) for t in (q, k, v, qv))
+    q, k = with_qv(q, qv, k, v)
     return ops.attention(q, k, v, scale=softmax_scale, causal=causal, window_left=window_size[0],
                          window_right=window_size[1], softcap=softcap, **varlen)
 
@@ -67,7 +69,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                               num_heads_q=None, sm_margin=0, return_attn_probs=False):
     """qkv [B, T, 3, H, D], or [B, T, Hq + 2 Hk, D] with ``num_heads_q`` = Hq (GQA) -> out [B, T, Hq, D];
     with return_attn_probs, (out, softmax_lse [B, Hq, T])."""
-    _check_supported(qkv, None, q_descale, k_descale, v_descale, attention_chunk)
+    _check_supported(qkv, q_descale, k_descale, v_descale, attention_chunk)
     if qkv.dim() == 5:
         q, k, v = qkv.unbind(dim=-3)
     else:
@@ -87,8 +89,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                     deterministic=False, sm_margin=0, return_attn_probs=False, *, out=None):
     """q [B, Tq, Hq, D], k [B, Tk, Hk, D], v [B, Tk, Hk, Dv] -> out [B, Tq, Hq, Dv] (differentiable); with
     return_attn_probs, (out, softmax_lse [B, Hq, Tq])."""
-    _check_supported(q, qv, q_descale, k_descale, v_descale, attention_chunk)
-    result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap)
+    _check_supported(q, q_descale, k_descale, v_descale, attention_chunk)
+    result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, qv)
     result = _into(out, result)
     return (result, lse) if return_attn_probs else result
 
@@ -130,11 +132,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (int32 [B, max_blocks]; an attn_ops extension, keyword only), k / v are paged caches
     [num_blocks, page_size, Hk, D] and sequence b's keys are its first seqused_k[b] cache entries (inference).
     """
-    _check_supported(q, qv, q_descale, k_descale, v_descale, attention_chunk)
+    _check_supported(q, q_descale, k_descale, v_descale, attention_chunk)
     batched_q = cu_seqlens_q is None
     if batched_q:
         batch, max_seqlen_q = q.shape[:2]
     q, cu_q = _packed(q, cu_seqlens_q)
+    qv = None if qv is None else _packed(qv, cu_seqlens_q)[0]
     if page_table is not None:
         if seqused_k is None:
             raise ValueError(f"{_NAME}.flash_attn_varlen_func: page_table needs seqused_k (the keys of each "
@@ -145,8 +148,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         cu_q2 = _cu_of_runs(cu_q, torch.stack([used_q, len_q - used_q], 1))
         lens = torch.stack([seqused_k.to(torch.int32), torch.zeros_like(seqused_k, dtype=torch.int32)], 1).flatten()
         rows = torch.arange(page_table.shape[0], dtype=torch.int32, device=q.device).repeat_interleave(2)
+        queries, keys = with_qv(last_dim_contiguous(q), last_dim_contiguous(qv), k, v)
         result, lse = ops.attention_with_kvcache(
-            last_dim_contiguous(q), k, v, lens, block_table=page_table, scale=softmax_scale, causal=causal,
+            queries, keys, v, lens, block_table=page_table, scale=softmax_scale, causal=causal,
             window_left=window_size[0], window_right=window_size[1], softcap=softcap, cu_seqlens_q=cu_q2,
             max_seqlen_q=max_seqlen_q, cache_batch_idx=rows)
     else:
@@ -156,7 +160,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         v, _ = _packed(v, cu_seqlens_k)
         if seqused_q is not None or seqused_k is not None:
             cu_q, cu_k = _used_runs(cu_q, cu_k, seqused_q, seqused_k)
-        result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, cu_seqlens_q=cu_q,
+        result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, qv, cu_seqlens_q=cu_q,
                                  cu_seqlens_k=cu_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if batched_q:
         result = result.unflatten(0, (batch, -1))
@@ -221,7 +225,7 @@ def flash_attn_with_kvcache(
     last two are FA3's split-KV scratch results, empty tensors here (the attention is never split into
     partials that the caller must combine).
     """
-    _check_supported(q, qv, q_descale, k_descale, v_descale, attention_chunk)
+    _check_supported(q, q_descale, k_descale, v_descale, attention_chunk)
     capacity = k_cache.shape[1] if page_table is None else page_table.shape[1] * k_cache.shape[1]
     seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
     # FlashAttention 3 drops a window side that spans everything (left >= seqlen_k - 1, right >= seqlen_q - 1);
@@ -231,7 +235,7 @@ def flash_attn_with_kvcache(
                                cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
                                rotary_interleaved, rotate_q_consecutive=causal or windowed,
                                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                               cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens)
+                               cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens, qv=qv)
     result = _into(out, result)
     if not return_softmax_lse:
         return result

@@ -11,6 +11,7 @@ import torch
 
 import attn_ops.flash_attn3_interface as fa3
 import attn_ops.flash_attn_interface as fa2
+from attn_ops._flash_attn_kvcache import with_qv
 from reference import assert_close_to_ref, attention_ref, same_dtype_ref
 from test_flash_attn_compat import HEADS, MASKS, check_fa_rule, fa_kvcache_ref, fa_to_ref, kvcache_case
 
@@ -219,7 +220,6 @@ def test_fa3_out_argument():
 
 @pytest.mark.parametrize("name,kw,message", [
     ("flash_attn_func", {"q_descale": torch.ones(1)}, "q_descale (fp8 descaling) is not supported"),
-    ("flash_attn_func", {"qv": torch.ones(1)}, "qv (a second query against v, MLA) is not supported"),
     ("flash_attn_varlen_func", {"v_descale": torch.ones(1)}, "v_descale (fp8 descaling) is not supported"),
     ("flash_attn_with_kvcache", {"k_descale": torch.ones(1)}, "k_descale (fp8 descaling) is not supported"),
     ("flash_attn_with_kvcache", {"attention_chunk": 8}, "attention_chunk > 0 (chunked attention) is not supported"),
@@ -251,3 +251,105 @@ def test_fa3_kvcache_packed_compiles_fullgraph():
     compiled = torch.compile(step, fullgraph=True)(kc, vc)
     assert torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
     torch.testing.assert_close(compiled, eager)
+
+
+def qv_ref(q, qv, k, v, scale, causal=False, compute_dtype=torch.float64):
+    """FA3's qv scores written out: softmax(scale * (q k^T + qv v^T)) v, bottom-right causal; [B, T, H, D]
+    inputs with one KV head shared by all query heads (MLA), float64."""
+    q, qv, k, v = (t.to(compute_dtype) for t in (q, qv, k, v))
+    s = (torch.einsum("bqhd,bkd->bhqk", q, k[:, :, 0]) + torch.einsum("bqhd,bkd->bhqk", qv, v[:, :, 0])) * scale
+    if causal:
+        tq, tk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(tq, tk, dtype=torch.bool).triu(tk - tq + 1), float("-inf"))
+    return torch.einsum("bhqk,bkd->bqhd", torch.softmax(s, dim=-1), v[:, :, 0])
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_qv_mla_shapes_flash_attn_func(dtype, causal):
+    """DeepSeek's absorbed shapes: q the rope part (64), qv the latent one (512), one KV head; value and
+    gradients (qv included) against the written-out scores."""
+    B, Tq, Tk, H = 2, 5, 9, 4
+    q = torch.randn(B, Tq, H, 64, dtype=dtype, requires_grad=True)
+    qv = torch.randn(B, Tq, H, 512, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, Tk, 1, 64, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, Tk, 1, 512, dtype=dtype, requires_grad=True)
+    out = fa3.flash_attn_func(q, k, v, causal=causal, qv=qv)
+    scale = (64 + 512) ** -0.5
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, qv, k, v)]
+    ref = qv_ref(*leaves64[:2], *leaves64[2:], scale, causal)
+    leaves32 = [t.detach().float().requires_grad_() for t in (q, qv, k, v)]
+    same = qv_ref(*leaves32[:2], *leaves32[2:], scale, causal, compute_dtype=F32)
+    assert_close_to_ref(out, ref, same.to(dtype), name="out")
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, qv, k, v), dout)
+    g64 = torch.autograd.grad(ref, leaves64, dout.double())
+    g32 = torch.autograd.grad(same, leaves32, dout.float())
+    for name, g, r, s in zip(("dq", "dqv", "dk", "dv"), grads, g64, g32):
+        assert_close_to_ref(g, r, s.to(dtype), name=name, rounded_intermediates=True)
+
+
+@pytest.mark.parametrize("layout", ["latent_first", "rope_first", "separate"])
+def test_qv_kvcache_over_a_latent_cache(layout):
+    """flash_attn_with_kvcache with qv over an MLA cache: k_cache / v_cache as views of one [.., 576] buffer in
+    either order (the keys then stay a view) or as two tensors (a copy), with new tokens appended; values and
+    the appended cache rows against the written-out scores."""
+    B, cap, H, lens = 2, 12, 4, torch.tensor([3, 7], dtype=torch.int32)
+    buf = torch.randn(B, cap, 1, 576)
+    if layout == "latent_first":
+        v_cache, k_cache = buf[..., :512], buf[..., 512:]
+    elif layout == "rope_first":
+        k_cache, v_cache = buf[..., :64], buf[..., 64:]
+    else:
+        k_cache, v_cache = torch.randn(B, cap, 1, 64), torch.randn(B, cap, 1, 512)
+    q, qv = torch.randn(B, 2, H, 64), torch.randn(B, 2, H, 512)
+    k_new, v_new = torch.randn(B, 2, 1, 64), torch.randn(B, 2, 1, 512)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    keys = with_qv(q, qv, k_cache, v_cache)[1]
+    assert (keys.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()) == (layout != "separate")
+    out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, qv=qv, cache_seqlens=lens, causal=True)
+    for b, n in enumerate(lens.tolist()):
+        k_row = torch.cat([k_before[b, :n], k_new[b]]).unsqueeze(0)
+        v_row = torch.cat([v_before[b, :n], v_new[b]]).unsqueeze(0)
+        assert torch.equal(k_cache[b, :n + 2], k_row[0]) and torch.equal(v_cache[b, :n + 2], v_row[0])
+        scale = 576 ** -0.5
+        ref = qv_ref(q[b:b + 1], qv[b:b + 1], k_row, v_row, scale, causal=True)
+        same = qv_ref(q[b:b + 1], qv[b:b + 1], k_row, v_row, scale, causal=True, compute_dtype=F32)
+        assert_close_to_ref(out[b:b + 1], ref, same, name=f"out row {b}")
+
+
+def test_qv_of_the_wrong_shape_is_refused():
+    q, k, v = torch.randn(1, 3, 2, 64), torch.randn(1, 5, 1, 64), torch.randn(1, 5, 1, 512)
+    with pytest.raises(ValueError, match=re.escape("qv must have q's shape with v's head dim ([..., 2, 512]), "
+                                                   "got [1, 3, 2, 128]")):
+        fa3.flash_attn_func(q, k, v, qv=torch.randn(1, 3, 2, 128))
+
+
+def test_qv_varlen_packed_sequences():
+    """flash_attn_varlen_func with qv: two packed sequences, each against the written-out scores."""
+    lq, lk, H = [3, 4], [6, 5], 2
+    q, qv = torch.randn(sum(lq), H, 32), torch.randn(sum(lq), H, 48)
+    k, v = torch.randn(sum(lk), 1, 32), torch.randn(sum(lk), 1, 48)
+    out = fa3.flash_attn_varlen_func(q, k, v, cu(lq), cu(lk), max(lq), max(lk), causal=True, qv=qv)
+    for b in range(2):
+        qs, ks = slice(sum(lq[:b]), sum(lq[:b + 1])), slice(sum(lk[:b]), sum(lk[:b + 1]))
+        args = (q[qs][None], qv[qs][None], k[ks][None], v[ks][None], 80 ** -0.5)
+        ref, same = qv_ref(*args, causal=True), qv_ref(*args, causal=True, compute_dtype=F32)
+        assert_close_to_ref(out[qs][None], ref, same, name=f"out sequence {b}")
+
+
+def test_qv_kvcache_compiles_fullgraph():
+    """The qv decode step (append, then attend) under torch.compile(fullgraph=True) equals eager."""
+    torch._dynamo.reset()
+    buf_eager, lens = torch.randn(2, 8, 1, 576), torch.tensor([2, 5], dtype=torch.int32)
+    buf_compiled = buf_eager.clone()
+    q, qv, k_new, v_new = torch.randn(2, 1, 4, 64), torch.randn(2, 1, 4, 512), torch.randn(2, 1, 1, 64), \
+        torch.randn(2, 1, 1, 512)
+
+    def step(buf):
+        return fa3.flash_attn_with_kvcache(q, buf[..., 512:], buf[..., :512], k_new, v_new, qv=qv,
+                                           cache_seqlens=lens)
+    expected = step(buf_eager)
+    got = torch.compile(step, fullgraph=True)(buf_compiled)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(buf_compiled, buf_eager)
