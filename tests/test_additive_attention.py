@@ -5,7 +5,7 @@ import torch
 
 import attn_ops
 from additive_reference import additive_attention_ref, additive_inputs
-from reference import assert_close_to_ref
+from reference import accumulation_dtype, assert_close_to_ref
 
 SHAPES = [  # B, Tq, Tk, A, Dv
     (2, 5, 7, 16, 8),
@@ -64,11 +64,14 @@ def test_low_precision_rule(dtype, regime, device):
     low = [t.to(dtype) for t in (qp, kp, w, v)]
     out, lse, weights = (t.cpu() for t in attn_ops.additive_attention(
         *on(device, *low), key_padding_mask=on(device, mask)[0], return_weights=True))
-    same_out, same_lse, same_weights = additive_attention_ref(*low, mask)
+    # the rule's baseline: the reference in float32 (the kernels' accumulation) from the same rounded inputs,
+    # rounded once (reference.same_dtype_ref)
+    acc = accumulation_dtype(dtype)
+    same_out, same_lse, same_weights = additive_attention_ref(*(t.to(acc) for t in low), mask)
     assert out.dtype == dtype and lse.dtype == torch.float32 and weights.dtype == dtype
-    assert_close_to_ref(out, ref_out, same_out, name="out")
+    assert_close_to_ref(out, ref_out, same_out.to(dtype), name="out")
     assert_close_to_ref(lse, ref_lse, same_lse.to(torch.float32), name="lse")
-    assert_close_to_ref(weights, ref_weights, same_weights, name="weights")
+    assert_close_to_ref(weights, ref_weights, same_weights.to(dtype), name="weights")
 
 
 def test_strided_inputs():

@@ -21,7 +21,7 @@ import torch
 import attn_ops
 from kvcache_reference import attention_with_kvcache_ref, shuffled_block_table
 from mla_reference import mla_decode_ref
-from reference import assert_close_to_ref, attention_ref
+from reference import assert_close_to_ref, attention_ref, same_dtype_ref
 from rope_reference import rope_ref
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
@@ -81,13 +81,15 @@ def test_graph_attention_forward_backward(dims, kw):
             assert_same_as_eager(a, e, name)
         # against the float64 reference (and its same-dtype twin for the error budget)
         refs = []
-        for cdt in (torch.float64, BF16):
+        for cdt in (torch.float64, torch.float32):  # ref64, then the rule's baseline (float32, rounded once below)
             leaves = [t.detach().to(cdt).requires_grad_() for t in (q, k, v)]
             r_out, r_lse = attention_ref(*leaves, **kw, compute_dtype=cdt)
             grads = torch.autograd.grad(r_out, leaves, g_out.to(cdt))
             refs.append((r_out, r_lse) + tuple(grads))
+        base_out = same_dtype_ref(attention_ref, q, k, v, **kw, compute_dtype=BF16)[0]
+        refs[1] = (base_out, refs[1][1]) + tuple(g.to(BF16) for g in refs[1][2:])
         for name, a, r64, same in zip(("out", "lse", "dq", "dk", "dv"), static, *refs):
-            assert_close_to_ref(a, r64, same, name=f"replayed {name}")
+            assert_close_to_ref(a, r64, same, name=f"replayed {name}", rounded_intermediates=name.startswith("d"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -164,13 +166,14 @@ def test_graph_gqa_decode_step(block_size):
             "cache append: replay != eager"
         assert_same_as_eager(out, e_out, "out")
         assert_same_as_eager(lse, e_lse, "lse")
-        r = [attention_with_kvcache_ref(eq, k_cache, v_cache, L + 1, block_table=bt, compute_dtype=c)
-             for c in (torch.float64, BF16)]
+        r = [attention_with_kvcache_ref(eq, k_cache, v_cache, L + 1, block_table=bt),
+             same_dtype_ref(attention_with_kvcache_ref, eq, k_cache, v_cache, L + 1, block_table=bt, compute_dtype=BF16)]
         assert_close_to_ref(out, r[0][0], r[1][0], name="replayed out")
         assert_close_to_ref(lse, r[0][1], r[1][1], name="replayed lse")
         # the rotated q is rope(new q) at the row's position
         r64, same = (rope_ref(new[0], cos, sin, L.view(B, 1), compute_dtype=c)
-                     for c in (torch.float64, BF16))
+                     for c in (torch.float64, torch.float32))
+        same = same.to(BF16)  # the rule's baseline: float32, rounded once
         assert_close_to_ref(q, r64, same, name="rotated q")
 
 
@@ -266,7 +269,8 @@ def test_graph_mla_decode_step(block_size):
         assert torch.equal(cache, eager_cache), "latent append: replay != eager"
         assert_same_as_eager(out, e_out, "out_latent")
         assert_same_as_eager(lse, e_lse, "lse")
-        r = [mla_decode_ref(q_latent, q_rope, cache, L + 1, scale=scale, block_table=bt,
-                            compute_dtype=c) for c in (torch.float64, BF16)]
+        r = [mla_decode_ref(q_latent, q_rope, cache, L + 1, scale=scale, block_table=bt),
+             same_dtype_ref(mla_decode_ref, q_latent, q_rope, cache, L + 1, scale=scale, block_table=bt,
+                            compute_dtype=BF16)]
         assert_close_to_ref(out, r[0][0], r[1][0], name="replayed out_latent")
         assert_close_to_ref(lse, r[0][1], r[1][1], name="replayed lse")

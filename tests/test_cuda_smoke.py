@@ -21,9 +21,9 @@ import torch
 
 import attn_ops
 from kvcache_reference import kv_cache_append_ref_, kvcache_inputs, paged_kv_cache_append_ref_
-from reference import assert_close_to_ref, attention_ref, dense_inputs, varlen_inputs
+from reference import accumulation_dtype, assert_close_to_ref, attention_ref, dense_inputs, same_dtype_ref, varlen_inputs
 from rope_reference import rope_ref
-from test_attention_backward import check_backward, op_grads, ref_grads
+from test_attention_backward import check_backward, op_grads, ref_grads, same_dtype_grads
 from test_attention_forward import check_forward
 from test_attention_with_kvcache import check_kvcache
 from test_mla_ops import check_append, make_cache, make_new_tokens, paged_setup, run_case
@@ -97,13 +97,13 @@ def test_racecheck_attention():
     grads = op_grads(q, k, v, dout, None, **kw)
     cpu = [t.cpu() for t in (q, k, v, dout)]
     r_out, r_lse = attention_ref(*cpu[:3], **kw)
-    s_out, s_lse = attention_ref(*cpu[:3], **kw, compute_dtype=BF16)
+    s_out, s_lse = same_dtype_ref(attention_ref, *cpu[:3], **kw, compute_dtype=BF16)
     assert_close_to_ref(out, r_out, s_out, name="out")
     assert_close_to_ref(lse, r_lse, s_lse, name="lse")
     r64 = ref_grads(*cpu, None, torch.float64, **kw)
-    same = ref_grads(*cpu, None, BF16, **kw)
+    same = same_dtype_grads(*cpu, None, **kw)
     for name, g, r, s_ in zip(("dq", "dk", "dv"), grads, r64, same):
-        assert_close_to_ref(g, r, s_, name=name)
+        assert_close_to_ref(g, r, s_, name=name, rounded_intermediates=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,7 +190,8 @@ def test_rotary(dtype, interleaved):
                                                           interleaved=interleaved), xs, g)
     # the gradient is the inverse rotation of g; the features past rotary_dim pass through
     ref64, same = (rope_ref(g, cos, sin, pos, interleaved=interleaved, inverse=True,
-                            compute_dtype=cdt) for cdt in (torch.float64, dtype))
+                            compute_dtype=cdt) for cdt in (torch.float64, accumulation_dtype(dtype)))
+    same = same.to(dtype)  # the rule's baseline: float32, rounded once
     assert_close_to_ref(dx, ref64, same, name="dx")
     assert torch.equal(dx[..., rd:], g[..., rd:])
 

@@ -13,7 +13,7 @@ import attn_ops.flash_attn3_interface as fa3
 import attn_ops.flash_attn_interface as fa2
 from attn_ops._flash_attn_kvcache import with_qv
 from reference import assert_close_to_ref, attention_ref, same_dtype_ref
-from test_flash_attn_compat import HEADS, MASKS, check_fa_rule, fa_kvcache_ref, fa_to_ref, kvcache_case
+from test_flash_attn_compat import HEADS, MASKS, check_fa_rule, fa_kvcache_ref, kvcache_case
 
 BF16, F32 = torch.bfloat16, torch.float32
 
