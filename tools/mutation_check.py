@@ -68,7 +68,7 @@ MUTATIONS = (
              "csrc/attention/validation.cpp",
              "  TORCH_CHECK(head_dim_qk <= kMaxHeadDim && head_dim_v <= kMaxHeadDim,",
              "  TORCH_CHECK(head_dim_qk <= 576 && head_dim_v <= 576,",
-             ("tests/test_attention_errors.py",)),
+             ("tests/test_attention_errors.py", "tests/test_valid_edge_inputs.py")),
 )
 
 
