@@ -30,7 +30,7 @@ def _reads_values(*tensors: Tensor) -> bool:
     return not torch.compiler.is_compiling() and all(not t.is_cuda for t in tensors)
 
 
-def _token_rows(cu: Tensor, count: int) -> Tensor:
+def token_rows(cu: Tensor, count: int) -> Tensor:
     """The sequence (batch row) of each of ``count`` packed tokens delimited by ``cu`` [B + 1]."""
     return torch.searchsorted(cu[1:].contiguous(), torch.arange(count, device=cu.device, dtype=cu.dtype),
                               right=True)
@@ -151,7 +151,7 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
     # the new tokens, flattened: batch row and cache position of each
     if k is not None:
         if packed_new:
-            tok_b = _token_rows(cu_seqlens_k_new, k.shape[0])
+            tok_b = token_rows(cu_seqlens_k_new, k.shape[0])
             offset = torch.arange(k.shape[0], device=device) - cu_seqlens_k_new.long()[tok_b]
         else:
             tok_b = torch.arange(batch, device=device).repeat_interleave(k.shape[1])
@@ -162,7 +162,7 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
         base = (lens if rotary_seqlens is None else rotary_seqlens.to(torch.int32)).long()
         step = 1 if rotate_q_consecutive else 0
         if packed_q:
-            q_b = _token_rows(cu_seqlens_q, q.shape[0])
+            q_b = token_rows(cu_seqlens_q, q.shape[0])
             q_pos = base[q_b] + step * (torch.arange(q.shape[0], device=device) - cu_seqlens_q.long()[q_b])
         else:
             q_pos = base[:, None] + step * torch.arange(q.shape[1], device=device)

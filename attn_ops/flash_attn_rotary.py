@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from . import ops
+from ._flash_attn_kvcache import token_rows
 
 __all__ = ["apply_rotary_emb"]
 
@@ -25,8 +26,7 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = Fa
         pos = torch.arange(seqlen, device=x.device).expand(batch, seqlen)
         offsets = seqlen_offsets[:, None] if isinstance(seqlen_offsets, Tensor) else seqlen_offsets
     else:
-        row = torch.searchsorted(cu_seqlens[1:].contiguous(),
-                                 torch.arange(x.shape[0], device=x.device, dtype=cu_seqlens.dtype), right=True)
+        row = token_rows(cu_seqlens, x.shape[0])
         pos = torch.arange(x.shape[0], device=x.device) - cu_seqlens.long()[row]
         offsets = seqlen_offsets.long()[row] if isinstance(seqlen_offsets, Tensor) else seqlen_offsets
     pos = pos + offsets
