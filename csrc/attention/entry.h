@@ -1,10 +1,11 @@
-// The attention ops on top of a backend's functions: the shared preparation (validation, default scale,
-// output shapes), the output allocation, then the backend. CPU and CUDA instantiate these templates with
-// their own functions, so a backend file holds only its kernels and their launch. Instantiated with nullptr
+// The attention ops on top of a backend's functions: the shared preparation into an AttentionCall
+// (attention/validation.h), the output allocation, then the backend. CPU and CUDA instantiate these templates
+// with their own functions, so a backend file holds only its kernels and their launch. Instantiated with nullptr
 // (no backend) they are the Meta kernels: the preparation and empty outputs of its SymInt shapes.
 #pragma once
 
 #include "attention/validation.h"
+#include "common/attention_call.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -12,24 +13,6 @@
 #include <tuple>
 
 namespace attn_ops {
-
-// A backend's attention forward of a prepared call: writes out and lse (allocated by the caller).
-using AttentionForwardFn = void (*)(const AttentionPrep& prep, const at::Tensor& q, const at::Tensor& k,
-                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse);
-
-// A backend's attention backward of a prepared call: writes dq, dk and dv (allocated by the caller).
-using AttentionBackwardFn = void (*)(const AttentionPrep& prep, const at::Tensor& dout, const at::Tensor& q,
-                                     const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                                     const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
-                                     const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv);
-
-// A backend's attention of q [B, Tq, Hq, D] over a contiguous or paged cache, arguments already validated and
-// the scale resolved; writes out and lse (allocated by the caller):
-// (q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap, rows,
-// out, lse).
-using KvCacheAttentionFn = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                    const std::optional<at::Tensor>&, double, bool, int64_t, int64_t, double,
-                                    const KvCacheRows&, const at::Tensor&, const at::Tensor&);
 
 template <AttentionForwardFn forward>
 std::tuple<at::Tensor, at::Tensor> attention_on(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -39,12 +22,12 @@ std::tuple<at::Tensor, at::Tensor> attention_on(const at::Tensor& q, const at::T
                                                 const std::optional<at::Tensor>& cu_seqlens_k,
                                                 std::optional<c10::SymInt> max_seqlen_q,
                                                 std::optional<c10::SymInt> max_seqlen_k) {
-  const AttentionPrep prep = prepare_attention(q, k, v, scale, causal, window_left, window_right, softcap,
+  const AttentionCall call = prepare_attention(q, k, v, scale, causal, window_left, window_right, softcap,
                                                cu_seqlens_q, cu_seqlens_k, size_hint(max_seqlen_q),
                                                size_hint(max_seqlen_k));
-  auto [out, lse] = empty_out_lse(prep.outputs, q.options());
+  auto [out, lse] = empty_out_lse(call.outputs, q.options());
   if constexpr (forward != nullptr) {
-    forward(prep, q, k, v, out, lse);
+    forward(call, out, lse);
   }
   return {out, lse};
 }
@@ -56,17 +39,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_on(
     int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
     std::optional<c10::SymInt> max_seqlen_k) {
-  const AttentionPrep prep = prepare_attention_backward(dout, q, k, v, out, lse, dlse, scale, causal, window_left,
-                                                        window_right, softcap, cu_seqlens_q, cu_seqlens_k,
-                                                        size_hint(max_seqlen_q), size_hint(max_seqlen_k));
+  const AttentionBackwardCall call = prepare_attention_backward(
+      dout, q, k, v, out, lse, dlse, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
+      size_hint(max_seqlen_q), size_hint(max_seqlen_k));
   auto [dq, dk, dv] = empty_attention_grads(q, k, v);
   if constexpr (backward != nullptr) {
-    backward(prep, dout, q, k, v, out, lse, dlse, dq, dk, dv);
+    backward(call, dq, dk, dv);
   }
   return {dq, dk, dv};
 }
 
-template <KvCacheAttentionFn kvcache_attention>
+template <AttentionForwardFn forward>
 std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q, const at::Tensor& k_cache,
                                                              const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                              const std::optional<at::Tensor>& block_table,
@@ -78,12 +61,11 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q
                                                              const std::optional<at::Tensor>& cache_batch_idx,
                                                              const std::optional<at::Tensor>& cache_leftpad) {
   const KvCacheRows rows{cu_seqlens_q, size_hint(max_seqlen_q), cache_batch_idx, cache_leftpad};
-  const WithKvCachePrep prep = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale,
-                                                              window_left, window_right, softcap, rows);
-  auto [out, lse] = empty_out_lse(prep.outputs, q.options());
-  if constexpr (kvcache_attention != nullptr) {
-    kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, prep.scale(), causal, window_left,
-                      window_right, softcap, rows, out, lse);
+  const AttentionCall call = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale,
+                                                            causal, window_left, window_right, softcap, rows);
+  auto [out, lse] = empty_out_lse(call.outputs, q.options());
+  if constexpr (forward != nullptr) {
+    forward(call, out, lse);
   }
   return {out, lse};
 }

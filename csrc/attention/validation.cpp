@@ -1,15 +1,12 @@
-// Preparation of attention / attention_backward (argument checks, the default scale, the output shapes),
-// shared by every backend, and the checks that every attention-like op shares (head counts and dims, score
-// options).
+// Preparation of attention / attention_backward (argument checks, the output shapes) into the AttentionCall
+// every backend takes.
 #include "attention/validation.h"
 
+#include "common/attention_checks.h"
 #include "common/checks.h"
 #include "common/index_checks.h"
 
 #include <ATen/ATen.h>
-
-#include <cmath>
-#include <limits>
 
 namespace attn_ops {
 namespace {
@@ -31,131 +28,106 @@ void check_cu_seqlens_meta(const char* op, const char* name, const at::Tensor& c
   check_same_device(op, name, cu, "q", q);
 }
 
-}  // namespace
-
-
-void check_float_operands(const char* op, std::initializer_list<NamedTensor> operands) {
-  const NamedTensor& first = *operands.begin();
-  check_float_dtype(op, first.name, first.tensor);
-  for (const NamedTensor& other : operands) {
-    if (&other != &first) {
-      check_same_dtype_device(op, other.name, other.tensor, first.name, first.tensor);
-    }
-  }
-  for (const NamedTensor& operand : operands) {
-    check_last_dim_contiguous(op, operand.name, operand.tensor);
-  }
-}
-
-void check_head_dims(const char* op, const c10::SymInt& head_dim_qk, const c10::SymInt& head_dim_v) {
-  TORCH_CHECK(head_dim_qk >= 1 && head_dim_v >= 1, op, ": head_dim_qk and head_dim_v must be at least 1, got ",
-              head_dim_qk, " and ", head_dim_v);
-  TORCH_CHECK(head_dim_qk <= kMaxHeadDim && head_dim_v <= kMaxHeadDim, op, ": head_dim_qk and head_dim_v must be at most ",
-              kMaxHeadDim, ", got ", head_dim_qk, " and ", head_dim_v);
-}
-
-void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::SymInt& heads_kv) {
-  TORCH_CHECK(heads_q >= 1 && heads_kv >= 1, op, ": heads_q and heads_kv must be at least 1, got heads_q ", heads_q,
-              ", heads_kv ", heads_kv);
-  TORCH_CHECK(heads_q % heads_kv == 0, op, ": heads_q (", heads_q, ") must be a multiple of heads_kv (", heads_kv,
-              ")");
-}
-
-void check_score_options(const char* op, c10::ScalarType dtype, std::optional<double> scale, int64_t window_left,
-                         int64_t window_right, double softcap) {
-  TORCH_CHECK(window_left >= -1, op, ": window_left must be >= -1 (-1 means unbounded), got ", window_left);
-  TORCH_CHECK(window_right >= -1, op, ": window_right must be >= -1 (-1 means unbounded), got ", window_right);
-  const bool f64 = dtype == at::kDouble;
-  const double largest = f64 ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
-  const double smallest = f64 ? std::numeric_limits<double>::min() : std::numeric_limits<float>::min();
-  const char* acc = f64 ? "float64" : "float32, the accumulation type of this input dtype";
-  TORCH_CHECK(softcap == 0.0 || (softcap >= smallest && softcap <= largest), op,
-              ": softcap must be 0 (disabled) or in [", smallest, ", ", largest, "] (representable in ", acc,
-              "), got ", softcap);
-  TORCH_CHECK(!scale.has_value() || std::abs(*scale) <= largest, op, ": scale must be finite with |scale| <= ",
-              largest, " (representable in ", acc, "), got ", scale.value_or(0.0));
-}
-
-namespace {
-
 // out: [batch, seqlen_q, heads_q, head_dim_v] or [total_q, heads_q, head_dim_v]; lse: [batch, heads_q,
 // seqlen_q] or [heads_q, total_q].
-OutLseSizes attention_outputs(const AttentionShape& s, c10::ScalarType dtype) {
-  if (s.varlen) {
+OutLseSizes attention_outputs(const AttentionCall& s, c10::ScalarType dtype) {
+  if (s.varlen()) {
     return {{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}, attention_lse_dtype(dtype)};
   }
   return {{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q}, attention_lse_dtype(dtype)};
 }
 
-AttentionShape check_attention_inputs(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const AttentionOptions& opts) {
-  TORCH_CHECK(opts.cu_seqlens_q.has_value() == opts.cu_seqlens_k.has_value(), op,
+// The operands and options of attention / attention_backward, as given.
+void set_operands(AttentionCall& call, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+                  const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+                  std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
+  call.q = q;
+  call.k = k;
+  call.v = v;
+  call.given_scale = scale;
+  call.causal = causal;
+  call.window_left = window_left;
+  call.window_right = window_right;
+  call.softcap = softcap;
+  call.cu_seqlens_q = cu_seqlens_q;
+  call.cu_seqlens_k = cu_seqlens_k;
+  call.max_seqlen_q = max_seqlen_q;
+  call.max_seqlen_k = max_seqlen_k;
+}
+
+// Checks q, k, v and the options of `call` (its op, operands and options set) and sets its key source, sizes
+// and output shapes.
+void check_attention_inputs(AttentionCall& call) {
+  const char* op = call.op;
+  const at::Tensor &q = call.q, &k = call.k, &v = call.v;
+  TORCH_CHECK(call.cu_seqlens_q.has_value() == call.cu_seqlens_k.has_value(), op,
               ": cu_seqlens_q and cu_seqlens_k must be given together, got only ",
-              opts.cu_seqlens_q.has_value() ? "cu_seqlens_q" : "cu_seqlens_k");
-  const bool varlen = opts.varlen();
+              call.cu_seqlens_q.has_value() ? "cu_seqlens_q" : "cu_seqlens_k");
+  const bool varlen = call.cu_seqlens_q.has_value();
+  call.keys = varlen ? KeySource::varlen : KeySource::dense;
   check_qkv_rank(op, "q", q, varlen, "[batch, seqlen_q, heads_q, head_dim_qk]", "[total_q, heads_q, head_dim_qk]");
   check_qkv_rank(op, "k", k, varlen, "[batch, seqlen_k, heads_kv, head_dim_qk]", "[total_k, heads_kv, head_dim_qk]");
   check_qkv_rank(op, "v", v, varlen, "[batch, seqlen_k, heads_kv, head_dim_v]", "[total_k, heads_kv, head_dim_v]");
 
   check_float_operands(op, {{"q", q}, {"k", k}, {"v", v}});
 
-  AttentionShape s;
-  s.varlen = varlen;
   const int64_t hd = varlen ? 1 : 2;  // index of the heads dim
   if (varlen) {
-    const at::Tensor& cu_q = *opts.cu_seqlens_q;
-    const at::Tensor& cu_k = *opts.cu_seqlens_k;
+    const at::Tensor& cu_q = *call.cu_seqlens_q;
+    const at::Tensor& cu_k = *call.cu_seqlens_k;
     check_cu_seqlens_meta(op, "cu_seqlens_q", cu_q, q);
     check_cu_seqlens_meta(op, "cu_seqlens_k", cu_k, q);
     TORCH_CHECK(cu_k.sym_size(0) == cu_q.sym_size(0), op, ": cu_seqlens_k must have the same length as cu_seqlens_q (",
                 cu_q.sym_size(0), "), got ", cu_k.sym_size(0));
-    s.batch = cu_q.sym_size(0) - 1;
-    s.seqlen_q = q.sym_size(0);
-    s.seqlen_k = k.sym_size(0);
-    TORCH_CHECK(v.sym_size(0) == s.seqlen_k, op, ": v must have total_k ", s.seqlen_k, " (as k), got ", v.sym_size(0));
+    call.batch = cu_q.sym_size(0) - 1;
+    call.seqlen_q = q.sym_size(0);
+    call.seqlen_k = k.sym_size(0);
+    TORCH_CHECK(v.sym_size(0) == call.seqlen_k, op, ": v must have total_k ", call.seqlen_k, " (as k), got ", v.sym_size(0));
   } else {
-    s.batch = q.sym_size(0);
-    s.seqlen_q = q.sym_size(1);
-    s.seqlen_k = k.sym_size(1);
-    TORCH_CHECK(k.sym_size(0) == s.batch, op, ": k must have batch size ", s.batch, " (as q), got ", k.sym_size(0));
-    TORCH_CHECK(v.sym_size(0) == s.batch, op, ": v must have batch size ", s.batch, " (as q), got ", v.sym_size(0));
-    TORCH_CHECK(v.sym_size(1) == s.seqlen_k, op, ": v must have seqlen_k ", s.seqlen_k, " (as k), got ", v.sym_size(1));
+    call.batch = q.sym_size(0);
+    call.seqlen_q = q.sym_size(1);
+    call.seqlen_k = k.sym_size(1);
+    TORCH_CHECK(k.sym_size(0) == call.batch, op, ": k must have batch size ", call.batch, " (as q), got ", k.sym_size(0));
+    TORCH_CHECK(v.sym_size(0) == call.batch, op, ": v must have batch size ", call.batch, " (as q), got ", v.sym_size(0));
+    TORCH_CHECK(v.sym_size(1) == call.seqlen_k, op, ": v must have seqlen_k ", call.seqlen_k, " (as k), got ", v.sym_size(1));
   }
-  TORCH_CHECK(!opts.max_seqlen_q.has_value() || varlen, op, ": max_seqlen_q must be given only with cu_seqlens_q");
-  TORCH_CHECK(!opts.max_seqlen_k.has_value() || varlen, op, ": max_seqlen_k must be given only with cu_seqlens_k");
+  TORCH_CHECK(!call.max_seqlen_q.has_value() || varlen, op, ": max_seqlen_q must be given only with cu_seqlens_q");
+  TORCH_CHECK(!call.max_seqlen_k.has_value() || varlen, op, ": max_seqlen_k must be given only with cu_seqlens_k");
 
-  s.heads_q = q.sym_size(hd);
-  s.heads_kv = k.sym_size(hd);
-  s.head_dim_qk = q.sym_size(hd + 1);
-  s.head_dim_v = v.sym_size(hd + 1);
-  TORCH_CHECK(v.sym_size(hd) == s.heads_kv, op, ": v must have heads_kv ", s.heads_kv, " (as k), got ", v.sym_size(hd));
-  check_head_counts(op, s.heads_q, s.heads_kv);
-  TORCH_CHECK(k.sym_size(hd + 1) == s.head_dim_qk, op, ": k must have head_dim_qk ", s.head_dim_qk, " (as q), got ",
+  call.heads_q = q.sym_size(hd);
+  call.heads_kv = k.sym_size(hd);
+  call.head_dim_qk = q.sym_size(hd + 1);
+  call.head_dim_v = v.sym_size(hd + 1);
+  TORCH_CHECK(v.sym_size(hd) == call.heads_kv, op, ": v must have heads_kv ", call.heads_kv, " (as k), got ", v.sym_size(hd));
+  check_head_counts(op, call.heads_q, call.heads_kv);
+  TORCH_CHECK(k.sym_size(hd + 1) == call.head_dim_qk, op, ": k must have head_dim_qk ", call.head_dim_qk, " (as q), got ",
               k.sym_size(hd + 1));
-  check_head_dims(op, s.head_dim_qk, s.head_dim_v);
+  check_head_dims(op, call.head_dim_qk, call.head_dim_v);
 
-  check_score_options(op, q.scalar_type(), opts.scale, opts.window_left, opts.window_right, opts.softcap);
-  TORCH_CHECK(!opts.max_seqlen_q.has_value() || *opts.max_seqlen_q >= 0, op, ": max_seqlen_q must be >= 0, got ",
-              opts.max_seqlen_q.value_or(0));
-  TORCH_CHECK(!opts.max_seqlen_k.has_value() || *opts.max_seqlen_k >= 0, op, ": max_seqlen_k must be >= 0, got ",
-              opts.max_seqlen_k.value_or(0));
+  check_score_options(op, q.scalar_type(), call.given_scale, call.window_left, call.window_right, call.softcap);
+  TORCH_CHECK(!call.max_seqlen_q.has_value() || *call.max_seqlen_q >= 0, op, ": max_seqlen_q must be >= 0, got ",
+              call.max_seqlen_q.value_or(0));
+  TORCH_CHECK(!call.max_seqlen_k.has_value() || *call.max_seqlen_k >= 0, op, ": max_seqlen_k must be >= 0, got ",
+              call.max_seqlen_k.value_or(0));
 
   // Values of cu_seqlens can only be read from real tensors, not while tracing with fake ones.
   if (varlen && can_read_values(q) && !q.sym_size(0).is_symbolic()) {
-    const int64_t longest_q = check_cu_seqlens_values(op, "cu_seqlens_q", *opts.cu_seqlens_q,
-                                                      s.seqlen_q.expect_int(), "q");
-    const int64_t longest_k = check_cu_seqlens_values(op, "cu_seqlens_k", *opts.cu_seqlens_k,
-                                                      s.seqlen_k.expect_int(), "k");
-    check_max_seqlen(op, "max_seqlen_q", "cu_seqlens_q", opts.max_seqlen_q, longest_q);
-    check_max_seqlen(op, "max_seqlen_k", "cu_seqlens_k", opts.max_seqlen_k, longest_k);
+    const int64_t longest_q = check_cu_seqlens_values(op, "cu_seqlens_q", *call.cu_seqlens_q,
+                                                      call.seqlen_q.expect_int(), "q");
+    const int64_t longest_k = check_cu_seqlens_values(op, "cu_seqlens_k", *call.cu_seqlens_k,
+                                                      call.seqlen_k.expect_int(), "k");
+    check_max_seqlen(op, "max_seqlen_q", "cu_seqlens_q", call.max_seqlen_q, longest_q);
+    check_max_seqlen(op, "max_seqlen_k", "cu_seqlens_k", call.max_seqlen_k, longest_k);
   }
-  return s;
+  call.outputs = attention_outputs(call, q.scalar_type());
 }
 
-void check_attention_backward_inputs(const char* op, const AttentionShape& shape, const at::Tensor& q,
-                                     const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
-                                     const std::optional<at::Tensor>& dlse) {
-  const OutLseSizes sizes = attention_outputs(shape, q.scalar_type());
+void check_attention_backward_inputs(const AttentionBackwardCall& call) {
+  const char* op = call.op;
+  const at::Tensor &q = call.q, &dout = call.dout, &out = call.out, &lse = call.lse;
+  const std::optional<at::Tensor>& dlse = call.dlse;
+  const OutLseSizes& sizes = call.outputs;
   const std::vector<c10::SymInt>& out_shape = sizes.out;
   const std::vector<c10::SymInt>& lse_shape = sizes.lse;
   const c10::ScalarType lse_dtype = sizes.lse_dtype;
@@ -181,49 +153,38 @@ void check_attention_backward_inputs(const char* op, const AttentionShape& shape
 
 }  // namespace
 
-c10::ScalarType attention_lse_dtype(c10::ScalarType input_dtype) {
-  return input_dtype == at::kDouble ? at::kDouble : at::kFloat;
-}
-
-double resolve_scale(std::optional<double> scale, const c10::SymInt& head_dim) {
-  if (scale.has_value()) {
-    return *scale;
-  }
-  return 1.0 / std::sqrt(static_cast<double>(head_dim.guard_int(__FILE__, __LINE__)));
-}
-
-std::tuple<at::Tensor, at::Tensor> empty_out_lse(const OutLseSizes& sizes, const at::TensorOptions& options) {
-  return {at::empty_symint(sizes.out, options), at::empty_symint(sizes.lse, options.dtype(sizes.lse_dtype))};
-}
-
-AttentionPrep prepare_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+AttentionCall prepare_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
                                 double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                 const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
                                 std::optional<int64_t> max_seqlen_k) {
-  AttentionPrep prep;
-  prep.opts = AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
-                               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
-  prep.shape = check_attention_inputs("attn_ops.attention", q, k, v, prep.opts);
-  prep.outputs = attention_outputs(prep.shape, q.scalar_type());
-  return prep;
+  AttentionCall call;
+  call.op = "attn_ops.attention";
+  set_operands(call, q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
+               max_seqlen_q, max_seqlen_k);
+  check_attention_inputs(call);
+  return call;
 }
 
-AttentionPrep prepare_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                         const std::optional<at::Tensor>& dlse, std::optional<double> scale,
-                                         bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                         const std::optional<at::Tensor>& cu_seqlens_q,
-                                         const std::optional<at::Tensor>& cu_seqlens_k,
-                                         std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
-  const char* op = "attn_ops.attention_backward";
-  AttentionPrep prep;
-  prep.opts = AttentionOptions{scale,        causal,       window_left,  window_right, softcap,
-                               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
-  prep.shape = check_attention_inputs(op, q, k, v, prep.opts);
-  check_attention_backward_inputs(op, prep.shape, q, dout, out, lse, dlse);
-  prep.outputs = attention_outputs(prep.shape, q.scalar_type());
-  return prep;
+AttentionBackwardCall prepare_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                                 const std::optional<at::Tensor>& dlse, std::optional<double> scale,
+                                                 bool causal, int64_t window_left, int64_t window_right,
+                                                 double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
+                                                 const std::optional<at::Tensor>& cu_seqlens_k,
+                                                 std::optional<int64_t> max_seqlen_q,
+                                                 std::optional<int64_t> max_seqlen_k) {
+  AttentionBackwardCall call;
+  call.op = "attn_ops.attention_backward";
+  set_operands(call, q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
+               max_seqlen_q, max_seqlen_k);
+  call.dout = dout;
+  call.out = out;
+  call.lse = lse;
+  call.dlse = dlse;
+  check_attention_inputs(call);
+  check_attention_backward_inputs(call);
+  return call;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_attention_grads(const at::Tensor& q, const at::Tensor& k,

@@ -1,7 +1,8 @@
 // Preparation of attention_with_kvcache (argument checks, values of the index tensors when they hold data,
-// the output shapes), shared by every backend.
+// the output shapes) into the AttentionCall every backend takes.
 #include "attention/validation.h"
 
+#include "common/attention_checks.h"
 #include "common/checks.h"
 #include "common/index_checks.h"
 #include "common/serving.h"
@@ -10,11 +11,11 @@
 
 namespace attn_ops {
 
-WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
-                                               const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                               const std::optional<at::Tensor>& block_table,
-                                               std::optional<double> scale, int64_t window_left,
-                                               int64_t window_right, double softcap, const KvCacheRows& rows) {
+AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
+                                             const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                             const std::optional<at::Tensor>& block_table, std::optional<double> scale,
+                                             bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                             const KvCacheRows& rows) {
   const char* op = "attn_ops.attention_with_kvcache";
   const bool paged = block_table.has_value();
   if (rows.packed()) {
@@ -32,14 +33,13 @@ WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Te
   }
   check_float_operands(op, {{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});
 
-  WithKvCachePrep s;
-  s.paged = paged;
-  s.packed = rows.packed();
+  AttentionCall s;
+  s.op = op;
   s.batch = check_kvcache_rows(op, rows, q, "q");
-  s.seqlen_q = s.packed ? q.sym_size(0) : q.sym_size(1);
+  s.seqlen_q = rows.packed() ? q.sym_size(0) : q.sym_size(1);
   s.heads_q = q.sym_size(-2);
   s.heads_kv = k_cache.sym_size(2);
-  s.head_dim = q.sym_size(-1);
+  s.head_dim_qk = q.sym_size(-1);
   s.head_dim_v = v_cache.sym_size(3);
   const bool selected = rows.cache_batch_idx.has_value();  // the cache holds any number of rows
   if (!paged && !selected) {
@@ -51,9 +51,9 @@ WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Te
               ": v_cache must have shape [", kc[0], ", ", kc[1], ", ", kc[2], ", *] (as k_cache), got ",
               shape_str(v_cache));
   check_head_counts(op, s.heads_q, s.heads_kv);
-  TORCH_CHECK(k_cache.sym_size(3) == s.head_dim, op, ": k_cache must have head_dim ", s.head_dim, " (as q), got ",
+  TORCH_CHECK(k_cache.sym_size(3) == s.head_dim_qk, op, ": k_cache must have head_dim ", s.head_dim_qk, " (as q), got ",
               k_cache.sym_size(3));
-  check_head_dims(op, s.head_dim, s.head_dim_v);
+  check_head_dims(op, s.head_dim_qk, s.head_dim_v);
   check_score_options(op, q.scalar_type(), scale, window_left, window_right, softcap);
 
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
@@ -69,19 +69,27 @@ WithKvCachePrep prepare_attention_with_kvcache(const at::Tensor& q, const at::Te
                                          ", max_blocks_per_seq]");
                        });
     check_same_device(op, "block_table", table, "q", q);
-    s.capacity = table.sym_size(1) * k_cache.sym_size(1);
+    s.seqlen_k = table.sym_size(1) * k_cache.sym_size(1);
   } else {
-    s.capacity = k_cache.sym_size(1);
+    s.seqlen_k = k_cache.sym_size(1);
   }
 
   if (can_read_values(cache_seqlens) && can_read_values(q)) {
     check_kvcache_row_values(op, rows, s.seqlen_q.expect_int(), paged ? block_table->size(0) : k_cache.size(0),
                              paged ? "block_table" : "k_cache", cache_seqlens, paged ? *block_table : at::Tensor(),
-                             s.capacity.expect_int(), paged ? k_cache.size(1) : 0, paged ? k_cache.size(0) : 0);
+                             s.seqlen_k.expect_int(), paged ? k_cache.size(1) : 0, paged ? k_cache.size(0) : 0);
   }
+  s.q = q;
+  s.k = k_cache;
+  s.v = v_cache;
+  s.set_cache_rows(cache_seqlens, block_table, rows);
   s.given_scale = scale;
+  s.causal = causal;
+  s.window_left = window_left;
+  s.window_right = window_right;
+  s.softcap = softcap;
   const c10::ScalarType lse_dtype = attention_lse_dtype(q.scalar_type());
-  s.outputs = s.packed ? OutLseSizes{{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}, lse_dtype}
+  s.outputs = rows.packed() ? OutLseSizes{{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}, lse_dtype}
                        : OutLseSizes{{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q},
                                      lse_dtype};
   return s;

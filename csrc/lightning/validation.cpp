@@ -2,7 +2,7 @@
 // op, called by the Meta, CPU and CUDA kernels alike, so every backend rejects the same inputs the same way).
 #include "lightning/validation.h"
 
-#include "attention/validation.h"  // check_head_dims, shared by every attention-like op
+#include "common/attention_checks.h"
 #include "common/checks.h"
 #include "common/index_checks.h"
 

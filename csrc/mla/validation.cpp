@@ -1,7 +1,7 @@
 // Argument checks of the MLA ops (and the output shapes of mla_decode), shared by every backend.
 #include "mla/validation.h"
 
-#include "attention/validation.h"
+#include "common/attention_checks.h"
 #include "common/checks.h"
 #include "common/index_checks.h"
 #include "common/serving.h"
@@ -92,9 +92,9 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
                          {selected ? "cache_batch_idx" : (paged ? "slot_mapping" : "cache_seqlens"), rows}});
 }
 
-OutLseSizes prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
-                               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                               double scale, const KvCacheRows& rows) {
+AttentionCall prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
+                                 const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                                 double scale, bool causal, const KvCacheRows& rows) {
   const char* op = "attn_ops.mla_decode";
   const bool paged = block_table.has_value();
   if (rows.packed()) {
@@ -149,10 +149,28 @@ OutLseSizes prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_r
                              paged ? *block_table : at::Tensor(), capacity.expect_int(),
                              paged ? latent_cache.size(1) : 0, paged ? latent_cache.size(0) : 0);
   }
+  const c10::SymInt d_c = q_latent.sym_size(-1);
+  AttentionCall call;
+  call.op = op;
+  call.cache_name = "latent_cache";
+  call.q = at::cat({q_latent, q_rope}, -1);  // [B, Tq, H, d_c + d_rope] (packed: [total_q, H, ..])
+  call.k = latent_cache.unsqueeze(-2);        // the whole latent row, one KV head
+  call.v = latent_cache.narrow_symint(-1, 0, d_c).unsqueeze(-2);  // its first d_c features
+  call.set_cache_rows(cache_seqlens, block_table, rows);
+  call.given_scale = scale;
+  call.causal = causal;
+  call.batch = batch;
+  call.seqlen_q = rows.packed() ? q_latent.sym_size(0) : q_latent.sym_size(1);
+  call.seqlen_k = capacity;
+  call.heads_q = heads;
+  call.heads_kv = 1;
+  call.head_dim_qk = latent_cache.sym_size(-1);
+  call.head_dim_v = d_c;
   const auto& s = q_latent.sym_sizes();
-  return OutLseSizes{s.vec(),
-                     rows.packed() ? std::vector<c10::SymInt>{s[1], s[0]} : std::vector<c10::SymInt>{s[0], s[2], s[1]},
-                     attention_lse_dtype(q_latent.scalar_type())};
+  call.outputs = OutLseSizes{
+      s.vec(), rows.packed() ? std::vector<c10::SymInt>{s[1], s[0]} : std::vector<c10::SymInt>{s[0], s[2], s[1]},
+      attention_lse_dtype(q_latent.scalar_type())};
+  return call;
 }
 
 }  // namespace attn_ops

@@ -1,7 +1,7 @@
 // Argument checks of the MLA ops (mla_cache_append, mla_decode), shared by every backend (CPU, CUDA, Meta).
 #pragma once
 
-#include "attention/validation.h"
+#include "common/attention_call.h"
 #include "common/serving.h"
 
 #include <ATen/core/Tensor.h>
@@ -21,9 +21,11 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
 // q_latent [B, Tq, H, d_c], q_rope [B, Tq, H, d_rope] (packed [total_q, H, *] with rows.cu_seqlens_q) over
 // latent_cache [B, capacity, d_c + d_rope] or, with block_table [B, max_blocks_per_seq],
 // [num_blocks, block_size, d_c + d_rope] (any number of cache / block-table rows with cache_batch_idx).
-// Returns the output shapes: out_latent as q_latent, lse [B, H, Tq] (packed: [H, total_q]).
-OutLseSizes prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
-                               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                               double scale, const KvCacheRows& rows);
+// Returns the call of the attention kernels it runs on: MQA with one key head of width d_c + d_rope whose first
+// d_c features are also the value, i.e. q = [q_latent, q_rope] over two views of the one latent cache (all heads
+// of a row share each cache tile); out_latent as q_latent, lse [B, H, Tq] (packed: [H, total_q]).
+AttentionCall prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
+                                 const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                                 double scale, bool causal, const KvCacheRows& rows);
 
 }  // namespace attn_ops

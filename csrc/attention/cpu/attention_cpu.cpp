@@ -1,8 +1,9 @@
-// CPU backend of attention / attention_backward / attention_with_kvcache: the prepared problem turned into
-// layouts, and dispatch to the forward, backward and decode kernels by dtype (attention/entry.h does the
-// shared preparation and the output allocation).
+// CPU backend of attention / attention_backward / attention_with_kvcache (and of mla_decode, which runs on
+// attention_forward): the prepared call turned into the kernels' problem and layouts, and dispatch to the
+// forward, backward and decode kernels by dtype (attention/entry.h does the preparation and the output
+// allocation).
 #include "attention/entry.h"
-#include "attention/validation.h"
+#include "common/attention_call.h"
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/decode_cpu.h"
 #include "attention/cpu/row_ops.h"
@@ -15,216 +16,178 @@
 
 namespace attn_ops::cpu {
 
-AttentionProblem make_problem(const AttentionPrep& prep) {
-  const AttentionShape& shape = prep.shape;
-  const AttentionOptions& opts = prep.opts;
+namespace {
+
+// Int32 [n] values (cu_seqlens, cache_seqlens, cache_batch_idx, cache_leftpad), or `fallback(i)` when not given.
+template <typename Fallback>
+std::vector<int64_t> host_values(const std::optional<at::Tensor>& t, int64_t n, const Fallback& fallback) {
+  std::vector<int64_t> out(n);
+  const at::Tensor host = t.has_value() ? t->contiguous() : at::Tensor();
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = host.defined() ? host.const_data_ptr<int32_t>()[i] : fallback(i);
+  }
+  return out;
+}
+
+int64_t zero(int64_t) { return 0; }
+
+}  // namespace
+
+AttentionProblem make_problem(const AttentionCall& call) {
   AttentionProblem p;
-  p.batch = shape.batch.expect_int();
-  p.heads_q = shape.heads_q.expect_int();
-  p.heads_kv = shape.heads_kv.expect_int();
+  p.batch = call.batch.expect_int();
+  p.heads_q = call.heads_q.expect_int();
+  p.heads_kv = call.heads_kv.expect_int();
   p.group = p.heads_q / p.heads_kv;
-  p.dim_qk = shape.head_dim_qk.expect_int();
-  p.dim_v = shape.head_dim_v.expect_int();
-  p.scale = prep.scale();
-  p.softcap = opts.softcap;
-  p.len_q.resize(p.batch);
-  p.len_k.resize(p.batch);
-  p.token_q.resize(p.batch);
-  if (shape.varlen) {
-    const at::Tensor cu_q = opts.cu_seqlens_q->contiguous(), cu_k = opts.cu_seqlens_k->contiguous();
-    const int32_t *cq = cu_q.data_ptr<int32_t>(), *ck = cu_k.data_ptr<int32_t>();
+  p.dim_qk = call.head_dim_qk.expect_int();
+  p.dim_v = call.head_dim_v.expect_int();
+  p.scale = call.scale();
+  p.softcap = call.softcap;
+  const int64_t tokens_q = call.seqlen_q.expect_int();
+  p.total_q = call.packed_q() ? tokens_q : p.batch * tokens_q;
+  // Packed queries start at cu_seqlens_q[b]; dense ones at b * Tq.
+  const std::vector<int64_t> cu_q = call.packed_q() ? host_values(call.cu_seqlens_q, p.batch + 1, zero) : std::vector<int64_t>{};
+  for (int64_t b = 0; b < p.batch; ++b) {
+    p.len_q.push_back(call.packed_q() ? cu_q[b + 1] - cu_q[b] : tokens_q);
+    p.token_q.push_back(call.packed_q() ? cu_q[b] : b * tokens_q);
+  }
+  if (call.over_cache()) {
+    // Row b's keys are cache positions cache_leftpad[b] .. cache_seqlens[b] - 1; its queries are the last
+    // len_q[b] of them (bottom-right alignment).
+    const std::vector<int64_t> lens = host_values(call.cache_seqlens, p.batch, zero);
+    const std::vector<int64_t> first_key = host_values(call.cache_leftpad, p.batch, zero);
     for (int64_t b = 0; b < p.batch; ++b) {
-      p.len_q[b] = cq[b + 1] - cq[b];
-      p.len_k[b] = ck[b + 1] - ck[b];
-      p.token_q[b] = cq[b];
+      p.len_k.push_back(lens[b] - first_key[b]);
+    }
+  } else if (call.varlen()) {
+    const std::vector<int64_t> cu_k = host_values(call.cu_seqlens_k, p.batch + 1, zero);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      p.len_k.push_back(cu_k[b + 1] - cu_k[b]);
     }
   } else {
-    for (int64_t b = 0; b < p.batch; ++b) {
-      p.len_q[b] = shape.seqlen_q.expect_int();
-      p.len_k[b] = shape.seqlen_k.expect_int();
-      p.token_q[b] = b * p.len_q[b];
-    }
+    p.len_k.assign(p.batch, call.seqlen_k.expect_int());
   }
-  p.total_q = shape.varlen ? shape.seqlen_q.expect_int() : p.batch * shape.seqlen_q.expect_int();
-  p.set_windows(opts.window_left, opts.effective_window_right());
+  p.set_windows(call.window_left, call.effective_window_right());
   return p;
 }
 
 namespace {
 
-// Token starts of the sequences: cu_seqlens for varlen, none for dense (the batch stride does it).
-std::vector<int64_t> token_starts(const AttentionProblem& p, const AttentionOptions& opts, bool keys) {
-  std::vector<int64_t> starts(p.batch, 0);
-  if (opts.varlen()) {
-    const at::Tensor cu = (keys ? *opts.cu_seqlens_k : *opts.cu_seqlens_q).contiguous();
-    for (int64_t b = 0; b < p.batch; ++b) {
-      starts[b] = cu.data_ptr<int32_t>()[b];
-    }
-  }
-  return starts;
-}
-
 // The stride of dim d, 0 for a dim of size 1: PyTorch gives such dims any stride (even a huge one), and
 // reading it as 0 keeps every offset and BLAS leading dimension derived from it small.
 int64_t stride_of(const at::Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
 
-SeqLayout layout_of(const at::Tensor& t, const AttentionProblem& p, const std::vector<int64_t>& starts, bool varlen,
-                    int64_t seq_dim, int64_t head_dim) {
+// [batch, seqlen, heads, dim] (packed: [total, heads, dim], sequence b from token starts[b] on).
+SeqLayout token_layout(const at::Tensor& t, const AttentionProblem& p, bool packed, const std::vector<int64_t>& starts) {
   SeqLayout l;
-  l.seq_stride = stride_of(t, seq_dim);
-  l.head_stride = stride_of(t, head_dim);
-  l.base.resize(p.batch);
+  l.seq_stride = stride_of(t, packed ? 0 : 1);
+  l.head_stride = stride_of(t, packed ? 1 : 2);
   for (int64_t b = 0; b < p.batch; ++b) {
-    l.base[b] = varlen ? starts[b] * l.seq_stride : b * stride_of(t, 0);
+    l.base.push_back(packed ? starts[b] * l.seq_stride : b * stride_of(t, 0));
   }
   return l;
 }
 
-struct Layouts {
-  std::vector<int64_t> q_starts, k_starts;
-  bool varlen;
-  SeqLayout tokens(const at::Tensor& t, const AttentionProblem& p, bool keys) const {
-    return varlen ? layout_of(t, p, keys ? k_starts : q_starts, true, 0, 1) : layout_of(t, p, {}, false, 1, 2);
+// lse: [batch, heads, seqlen] (packed: [heads, total]).
+SeqLayout lse_layout(const at::Tensor& t, const AttentionProblem& p, bool packed) {
+  SeqLayout l;
+  l.seq_stride = stride_of(t, packed ? 1 : 2);
+  l.head_stride = stride_of(t, packed ? 0 : 1);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    l.base.push_back(packed ? p.token_q[b] * l.seq_stride : b * stride_of(t, 0));
   }
-  SeqLayout lse(const at::Tensor& t, const AttentionProblem& p) const {
-    return varlen ? layout_of(t, p, q_starts, true, 1, 0) : layout_of(t, p, {}, false, 2, 1);
-  }
-};
-
-Layouts make_layouts(const AttentionProblem& p, const AttentionOptions& opts) {
-  return Layouts{token_starts(p, opts, false), token_starts(p, opts, true), opts.varlen()};
-}
-
-void attention_cpu(const AttentionPrep& prep, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                   const at::Tensor& out, const at::Tensor& lse) {
-  const AttentionProblem p = make_problem(prep);
-  const Layouts layouts = make_layouts(p, prep.opts);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
-    using acc_t = acc_type<scalar_t>;
-    // decode-shaped sequences (a few query rows against many keys, as transformers' generation steps call this
-    // op) on the decode kernel, the others on the tiled one
-    routed_forward_kernel<scalar_t, acc_t>(
-        p, q.const_data_ptr<scalar_t>(), layouts.tokens(q, p, false), k.const_data_ptr<scalar_t>(),
-        KeyLayout{layouts.tokens(k, p, true)}, v.const_data_ptr<scalar_t>(), KeyLayout{layouts.tokens(v, p, true)},
-        out.mutable_data_ptr<scalar_t>(), layouts.tokens(out, p, false), lse.mutable_data_ptr<acc_t>(),
-        layouts.lse(lse, p));
-  });
-}
-
-void attention_backward_cpu(const AttentionPrep& prep, const at::Tensor& dout, const at::Tensor& q,
-                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                            const std::optional<at::Tensor>& dlse, const at::Tensor& dq, const at::Tensor& dk,
-                            const at::Tensor& dv) {
-  const AttentionProblem p = make_problem(prep);
-  const Layouts layouts = make_layouts(p, prep.opts);
-  // lse and dlse are read through one layout; make them share strides.
-  const at::Tensor lse_c = lse.contiguous();
-  const std::optional<at::Tensor> dlse_c = dlse.has_value() ? std::optional(dlse->contiguous()) : std::nullopt;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_backward", [&] {
-    using acc_t = acc_type<scalar_t>;
-    attention_backward_kernel<scalar_t, acc_t>(
-        p, dout.const_data_ptr<scalar_t>(), layouts.tokens(dout, p, false), q.const_data_ptr<scalar_t>(),
-        layouts.tokens(q, p, false), k.const_data_ptr<scalar_t>(), layouts.tokens(k, p, true),
-        v.const_data_ptr<scalar_t>(), layouts.tokens(v, p, true), out.const_data_ptr<scalar_t>(),
-        layouts.tokens(out, p, false), lse_c.const_data_ptr<acc_t>(),
-        dlse_c.has_value() ? dlse_c->const_data_ptr<acc_t>() : nullptr, layouts.lse(lse_c, p),
-        dq.mutable_data_ptr<scalar_t>(), layouts.tokens(dq, p, false), dk.mutable_data_ptr<scalar_t>(),
-        layouts.tokens(dk, p, true), dv.mutable_data_ptr<scalar_t>(), layouts.tokens(dv, p, true));
-  });
-}
-
-// Int32 [batch] per-row values (cache_batch_idx, cache_leftpad), or `fallback(b)` when not given.
-template <typename Fallback>
-std::vector<int64_t> row_values(const std::optional<at::Tensor>& t, int64_t batch, const Fallback& fallback) {
-  std::vector<int64_t> out(batch);
-  const at::Tensor host = t.has_value() ? t->contiguous() : at::Tensor();
-  for (int64_t b = 0; b < batch; ++b) {
-    out[b] = host.defined() ? host.const_data_ptr<int32_t>()[b] : fallback(b);
-  }
-  return out;
+  return l;
 }
 
 // Layout of a KV cache: [rows, capacity, heads, dim] rows, or [num_blocks, block_size, heads, dim] blocks
-// addressed through the block table. Sequence b reads cache (or block-table) row cache_row[b], from cache
-// position first_key[b] on.
-KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor* block_table, const std::vector<int64_t>& cache_row,
-                       const std::vector<int64_t>& first_key, bool left_padded) {
+// addressed through the block table. Sequence b reads cache (or block-table) row cache_batch_idx[b] (default b),
+// from cache position cache_leftpad[b] (default 0) on. `table`: the contiguous block table when paged.
+KeyLayout cache_layout(const at::Tensor& cache, const AttentionCall& call, const at::Tensor& table) {
+  const int64_t batch = call.batch.expect_int();
+  const std::vector<int64_t> cache_row = host_values(call.cache_batch_idx, batch, [](int64_t b) { return b; });
+  const std::vector<int64_t> first_key = host_values(call.cache_leftpad, batch, zero);
   KeyLayout l;
   l.rows.seq_stride = stride_of(cache, 1);
   l.rows.head_stride = stride_of(cache, 2);
-  if (block_table != nullptr) {
-    l.block_table = block_table->const_data_ptr<int32_t>();
-    l.block_table_stride = stride_of(*block_table, 0);
+  if (call.paged()) {
+    l.block_table = table.const_data_ptr<int32_t>();
+    l.block_table_stride = stride_of(table, 0);
     l.block_size = cache.size(1);
     l.block_stride = stride_of(cache, 0);
     l.table_row = cache_row;
-    if (left_padded) {
+    if (call.cache_leftpad.has_value()) {
       l.first_key = first_key;
     }
   } else {
-    l.rows.base.resize(cache_row.size());
-    for (size_t b = 0; b < cache_row.size(); ++b) {
-      l.rows.base[b] = cache_row[b] * stride_of(cache, 0) + first_key[b] * l.rows.seq_stride;
+    for (int64_t b = 0; b < batch; ++b) {
+      l.rows.base.push_back(cache_row[b] * stride_of(cache, 0) + first_key[b] * l.rows.seq_stride);
     }
   }
   return l;
+}
+
+// The token layouts of a call's queries (and outputs) and of its dense or varlen keys (and values).
+struct TokenLayouts {
+  const AttentionProblem& p;
+  bool packed_q, varlen_k;
+  std::vector<int64_t> k_starts;  // varlen: cu_seqlens_k
+
+  TokenLayouts(const AttentionProblem& problem, const AttentionCall& call)
+      : p(problem), packed_q(call.packed_q()), varlen_k(call.varlen()),
+        k_starts(call.varlen() ? host_values(call.cu_seqlens_k, problem.batch, zero) : std::vector<int64_t>{}) {}
+  SeqLayout queries(const at::Tensor& t) const { return token_layout(t, p, packed_q, p.token_q); }
+  SeqLayout keys(const at::Tensor& t) const { return token_layout(t, p, varlen_k, k_starts); }
+  SeqLayout lse(const at::Tensor& t) const { return lse_layout(t, p, packed_q); }
+};
+
+}  // namespace
+
+void attention_forward(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
+  const AttentionProblem p = make_problem(call);
+  const TokenLayouts layouts(p, call);
+  const at::Tensor table = call.paged() ? call.block_table->contiguous() : at::Tensor();
+  const KeyLayout k_layout = call.over_cache() ? cache_layout(call.k, call, table) : KeyLayout{layouts.keys(call.k)};
+  const KeyLayout v_layout = call.over_cache() ? cache_layout(call.v, call, table) : KeyLayout{layouts.keys(call.v)};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, call.q.scalar_type(), "attn_ops.attention_forward", [&] {
+    using acc_t = acc_type<scalar_t>;
+    // decode-shaped sequences (a few query rows against many keys: a serving step, or transformers' generation
+    // steps through attention) on the decode kernel, the others on the tiled one
+    routed_forward_kernel<scalar_t, acc_t>(
+        p, call.q.const_data_ptr<scalar_t>(), layouts.queries(call.q), call.k.const_data_ptr<scalar_t>(), k_layout,
+        call.v.const_data_ptr<scalar_t>(), v_layout, out.mutable_data_ptr<scalar_t>(), layouts.queries(out),
+        lse.mutable_data_ptr<acc_t>(), layouts.lse(lse));
+  });
+}
+
+namespace {
+
+void attention_backward_cpu(const AttentionBackwardCall& call, const at::Tensor& dq, const at::Tensor& dk,
+                            const at::Tensor& dv) {
+  const AttentionProblem p = make_problem(call);
+  const TokenLayouts layouts(p, call);
+  // lse and dlse are read through one layout; make them share strides.
+  const at::Tensor lse = call.lse.contiguous();
+  const std::optional<at::Tensor> dlse =
+      call.dlse.has_value() ? std::optional(call.dlse->contiguous()) : std::nullopt;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, call.q.scalar_type(), "attn_ops.attention_backward", [&] {
+    using acc_t = acc_type<scalar_t>;
+    attention_backward_kernel<scalar_t, acc_t>(
+        p, call.dout.const_data_ptr<scalar_t>(), layouts.queries(call.dout), call.q.const_data_ptr<scalar_t>(),
+        layouts.queries(call.q), call.k.const_data_ptr<scalar_t>(), layouts.keys(call.k),
+        call.v.const_data_ptr<scalar_t>(), layouts.keys(call.v), call.out.const_data_ptr<scalar_t>(),
+        layouts.queries(call.out), lse.const_data_ptr<acc_t>(),
+        dlse.has_value() ? dlse->const_data_ptr<acc_t>() : nullptr, layouts.lse(lse),
+        dq.mutable_data_ptr<scalar_t>(), layouts.queries(dq), dk.mutable_data_ptr<scalar_t>(), layouts.keys(dk),
+        dv.mutable_data_ptr<scalar_t>(), layouts.keys(dv));
+  });
 }
 
 }  // namespace
 
-void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                       const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table, double scale,
-                       bool causal, int64_t window_left, int64_t window_right, double softcap, const KvCacheRows& rows,
-                       const at::Tensor& out, const at::Tensor& lse) {
-  const bool packed = rows.packed();
-  const int64_t batch = cache_seqlens.size(0), heads_q = q.size(-2), tokens_q = packed ? q.size(0) : q.size(1);
-
-  // Row b's keys are cache positions first_key[b] .. cache_seqlens[b] - 1 of cache row cache_row[b]; its
-  // queries are the last len_q[b] of them (bottom-right alignment).
-  const std::vector<int64_t> cache_row = row_values(rows.cache_batch_idx, batch, [](int64_t b) { return b; });
-  const std::vector<int64_t> first_key = row_values(rows.cache_leftpad, batch, [](int64_t) { return int64_t{0}; });
-  const std::vector<int64_t> cu_q =
-      packed ? row_values(rows.cu_seqlens_q, batch + 1, [](int64_t) { return int64_t{0}; }) : std::vector<int64_t>{};
-  AttentionProblem p;
-  p.batch = batch;
-  p.heads_q = heads_q;
-  p.heads_kv = k_cache.size(2);
-  p.group = p.heads_q / p.heads_kv;
-  p.dim_qk = q.size(-1);
-  p.dim_v = v_cache.size(3);
-  p.scale = scale;
-  p.softcap = softcap;
-  p.total_q = packed ? tokens_q : batch * tokens_q;
-  const at::Tensor lens = cache_seqlens.contiguous();
-  for (int64_t b = 0; b < batch; ++b) {
-    p.len_q.push_back(packed ? cu_q[b + 1] - cu_q[b] : tokens_q);
-    p.len_k.push_back(lens.const_data_ptr<int32_t>()[b] - first_key[b]);
-    p.token_q.push_back(packed ? cu_q[b] : b * tokens_q);
-  }
-  p.set_windows(window_left, causal ? 0 : window_right);
-
-  const at::Tensor table = block_table.has_value() ? block_table->contiguous() : at::Tensor();
-  const at::Tensor* table_ptr = block_table.has_value() ? &table : nullptr;
-  const bool left_padded = rows.cache_leftpad.has_value();
-  // Queries, outputs and lse: dense [B, Tq, ...] / [B, Hq, Tq], or packed by token_q.
-  auto tokens = [&](const at::Tensor& t) {
-    return packed ? layout_of(t, p, p.token_q, true, 0, 1) : layout_of(t, p, {}, false, 1, 2);
-  };
-  const SeqLayout lse_layout = packed ? layout_of(lse, p, p.token_q, true, 1, 0) : layout_of(lse, p, {}, false, 2, 1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
-    using acc_t = acc_type<scalar_t>;
-    routed_forward_kernel<scalar_t, acc_t>(
-        p, q.const_data_ptr<scalar_t>(), tokens(q), k_cache.const_data_ptr<scalar_t>(),
-        cache_layout(k_cache, table_ptr, cache_row, first_key, left_padded), v_cache.const_data_ptr<scalar_t>(),
-        cache_layout(v_cache, table_ptr, cache_row, first_key, left_padded), out.mutable_data_ptr<scalar_t>(),
-        tokens(out), lse.mutable_data_ptr<acc_t>(), lse_layout);
-  });
-}
-
 TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
-  m.impl("attention", &attention_on<attention_cpu>);
+  m.impl("attention", &attention_on<attention_forward>);
   m.impl("attention_backward", &attention_backward_on<attention_backward_cpu>);
-  m.impl("attention_with_kvcache", &attention_with_kvcache_on<kvcache_attention>);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_on<attention_forward>);
 }
 
 }  // namespace attn_ops::cpu

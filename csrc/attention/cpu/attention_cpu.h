@@ -2,8 +2,7 @@
 // the forward and backward kernels address any BSHD or varlen layout (any strides but the last dim).
 #pragma once
 
-#include "common/serving.h"
-#include "attention/validation.h"
+#include "common/attention_call.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -100,16 +99,8 @@ struct AttentionProblem {
   }
 };
 
-AttentionProblem make_problem(const AttentionPrep& prep);
-
-// Attention of q [B, Tq, Hq, Dk] (or packed [total_q, Hq, Dk] with rows.cu_seqlens_q) over the keys
-// cache_leftpad[b] .. cache_seqlens[b] - 1 of cache row cache_batch_idx[b] (default: b) of a contiguous cache
-// [rows, capacity, Hkv, D] or, with block_table, a paged one [num_blocks, block_size, Hkv, D]; arguments
-// already validated; writes out and lse. k_cache and v_cache may be views of one tensor (MLA's latent cache).
-void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                       const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table, double scale,
-                       bool causal, int64_t window_left, int64_t window_right, double softcap, const KvCacheRows& rows,
-                       const at::Tensor& out, const at::Tensor& lse);
+// The kernels' problem of a prepared call (any key source); reads the index tensors' values.
+AttentionProblem make_problem(const AttentionCall& call);
 
 // Forward of attention (and of attention over a KV cache, whose keys come through a paged KeyLayout).
 template <typename scalar_t, typename acc_t>

@@ -27,10 +27,10 @@
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
-#include "attention/cpu/blas.h"
+#include "common/cpu/blas.h"
 #include "attention/cpu/gemm_kernels.h"
 #include "attention/cpu/packed_kv.h"
-#include "attention/cpu/parallel.h"
+#include "common/cpu/parallel.h"
 #include "attention/cpu/row_ops.h"
 #include "common/cpu_isa.h"
 

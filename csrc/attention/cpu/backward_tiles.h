@@ -13,8 +13,8 @@
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/backward_brgemm.h"
-#include "attention/cpu/blas.h"
-#include "attention/cpu/parallel.h"
+#include "common/cpu/blas.h"
+#include "common/cpu/parallel.h"
 #include "attention/cpu/prefill_kernels.h"
 #include "attention/cpu/row_ops.h"
 

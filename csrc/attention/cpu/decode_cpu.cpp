@@ -6,7 +6,7 @@
 // context), over chunks of the keys, whose partial results are merged by their log-sum-exp.
 #include "attention/cpu/decode_cpu.h"
 #include "attention/cpu/batch_subset.h"
-#include "attention/cpu/parallel.h"
+#include "common/cpu/parallel.h"
 #include "attention/cpu/row_ops.h"
 #include "attention/cpu/split_merge.h"
 #include "common/cpu_isa.h"

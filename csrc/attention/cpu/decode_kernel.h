@@ -12,7 +12,7 @@
 // ATTN_OPS_DECODE_NS (the namespace of its copy) first.
 #pragma once
 
-#include "attention/cpu/blas.h"
+#include "common/cpu/blas.h"
 #include "attention/cpu/decode_cpu.h"
 #include "attention/cpu/row_ops.h"
 

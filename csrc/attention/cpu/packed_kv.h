@@ -9,7 +9,7 @@
 #pragma once
 
 #include "attention/cpu/attention_cpu.h"
-#include "attention/cpu/blas.h"
+#include "common/cpu/blas.h"
 #include "attention/cpu/huge_buffer.h"
 #include "attention/cpu/row_ops.h"
 

@@ -3,8 +3,8 @@
 // The headers whose inline code the rest of the library shares come first, so that code stays portable
 // (common/cpu_isa_target.h).
 #include "attention/cpu/attention_cpu.h"
-#include "attention/cpu/blas.h"
-#include "attention/cpu/parallel.h"
+#include "common/cpu/blas.h"
+#include "common/cpu/parallel.h"
 #include "attention/cpu/prefill_kernels.h"
 
 #include <ATen/Parallel.h>

@@ -1,12 +1,12 @@
-// CUDA backend of attention / attention_backward / attention_with_kvcache: the prepared problem (shared
-// preparation and output allocation in attention/entry.h) turned into the device-side problem description
-// handed to the launchers (attention_launch.cu).
+// CUDA backend of attention / attention_backward / attention_with_kvcache (and of mla_decode, which runs on
+// attention_forward): the prepared call (preparation and output allocation in attention/entry.h) turned into
+// the device-side problem description handed to the launchers (attention_launch.cu).
 // Nothing here reads a tensor's values on the host except, for varlen without max_seqlen_q / max_seqlen_k,
 // the longest sequences (one copy); the values of index tensors are checked on the device
 // (common/cuda/index_checks.h).
 #include "attention/cuda/attention_cuda.h"
 #include "attention/entry.h"
-#include "attention/validation.h"
+#include "common/attention_call.h"
 #include "common/checks.h"
 #include "common/cuda/index_checks.h"
 
@@ -46,23 +46,24 @@ Window make_window(int64_t left, int64_t right, int64_t longest) {
 // returns the longest query and key sequences: the given max_seqlen_* (no sync), else read from the device,
 // both in one copy (the one sync of a varlen call without them), else under graph capture, where nothing
 // may be read, the packed totals, upper bounds.
-std::pair<int64_t, int64_t> checked_longest_sequences(const char* op, const at::Tensor& cu_q, const at::Tensor& cu_k,
-                                                      const AttentionShape& shape, const AttentionOptions& opts) {
-  const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
-  check_cu_seqlens_on_device(op, "cu_seqlens_q", cu_q, total_q, "q", opts.max_seqlen_q.value_or(-1), "max_seqlen_q");
-  check_cu_seqlens_on_device(op, "cu_seqlens_k", cu_k, total_k, "k", opts.max_seqlen_k.value_or(-1), "max_seqlen_k");
+std::pair<int64_t, int64_t> checked_longest_sequences(const AttentionCall& call, const at::Tensor& cu_q,
+                                                      const at::Tensor& cu_k) {
+  const char* op = call.op;
+  const int64_t total_q = call.seqlen_q.expect_int(), total_k = call.seqlen_k.expect_int();
+  check_cu_seqlens_on_device(op, "cu_seqlens_q", cu_q, total_q, "q", call.max_seqlen_q.value_or(-1), "max_seqlen_q");
+  check_cu_seqlens_on_device(op, "cu_seqlens_k", cu_k, total_k, "k", call.max_seqlen_k.value_or(-1), "max_seqlen_k");
   const int64_t batch = cu_q.numel() - 1;
   if (batch < 1) {
     return {0, 0};
   }
   int64_t found_q = total_q, found_k = total_k;
-  if (!(opts.max_seqlen_q.has_value() && opts.max_seqlen_k.has_value()) && device_checks_enabled()) {
+  if (!(call.max_seqlen_q.has_value() && call.max_seqlen_k.has_value()) && device_checks_enabled()) {
     const auto longest = [&](const at::Tensor& cu) { return (cu.narrow(0, 1, batch) - cu.narrow(0, 0, batch)).max(); };
     const at::Tensor found = at::stack({longest(cu_q), longest(cu_k)}).to(at::kCPU);
     found_q = found.const_data_ptr<int32_t>()[0];
     found_k = found.const_data_ptr<int32_t>()[1];
   }
-  return {std::min(opts.max_seqlen_q.value_or(found_q), total_q), std::min(opts.max_seqlen_k.value_or(found_k), total_k)};
+  return {std::min(call.max_seqlen_q.value_or(found_q), total_q), std::min(call.max_seqlen_k.value_or(found_k), total_k)};
 }
 
 // The longest row of packed queries over a cache (cu_seqlens_q, checked on the device by the caller):
@@ -118,66 +119,59 @@ ForwardArgs<T> forward_tensors(const at::Tensor& q, const at::Tensor& k, const a
 // The fields ForwardArgs and BackwardArgs share for attention / attention_backward: sequences (cu_q, cu_k:
 // contiguous cu_seqlens, undefined when dense), window, logit, sizes.
 template <typename Args>
-void set_problem(Args& a, const AttentionPrep& prep, const at::Tensor& cu_q, const at::Tensor& cu_k) {
+void set_problem(Args& a, const AttentionCall& call, const at::Tensor& cu_q, const at::Tensor& cu_k) {
   using A = decltype(a.logit.scale);
-  const AttentionShape& shape = prep.shape;
-  const AttentionOptions& opts = prep.opts;
-  const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
+  const int64_t total_q = call.seqlen_q.expect_int(), total_k = call.seqlen_k.expect_int();
   a.seqs = SeqInfo{cu_q.defined() ? cu_q.const_data_ptr<int32_t>() : nullptr,
                    cu_k.defined() ? cu_k.const_data_ptr<int32_t>() : nullptr, nullptr, total_q, total_k};
-  a.window = make_window(opts.window_left, opts.effective_window_right(), std::max(total_q, total_k));
-  a.logit = Logit<A>{static_cast<A>(prep.scale()), static_cast<A>(opts.softcap)};
-  a.batch = shape.batch.expect_int();
-  a.heads_q = shape.heads_q.expect_int();
-  a.group = a.heads_q / shape.heads_kv.expect_int();
-  a.dim_qk = shape.head_dim_qk.expect_int();
-  a.dim_v = shape.head_dim_v.expect_int();
+  a.window = make_window(call.window_left, call.effective_window_right(), std::max(total_q, total_k));
+  a.logit = Logit<A>{static_cast<A>(call.scale()), static_cast<A>(call.softcap)};
+  a.batch = call.batch.expect_int();
+  a.heads_q = call.heads_q.expect_int();
+  a.group = a.heads_q / call.heads_kv.expect_int();
+  a.dim_qk = call.head_dim_qk.expect_int();
+  a.dim_v = call.head_dim_v.expect_int();
 }
 
-void attention_cuda(const AttentionPrep& prep, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& out, const at::Tensor& lse) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  const AttentionShape& shape = prep.shape;
-  const bool varlen = shape.varlen;
-  const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
-  const at::Tensor cu_q = varlen ? prep.opts.cu_seqlens_q->contiguous() : at::Tensor();
-  const at::Tensor cu_k = varlen ? prep.opts.cu_seqlens_k->contiguous() : at::Tensor();
+// The forward over dense or varlen keys.
+void sequences_forward(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
+  const at::Tensor &q = call.q, &k = call.k, &v = call.v;
+  const bool varlen = call.varlen();
+  const int64_t total_q = call.seqlen_q.expect_int(), total_k = call.seqlen_k.expect_int();
+  const at::Tensor cu_q = varlen ? call.cu_seqlens_q->contiguous() : at::Tensor();
+  const at::Tensor cu_k = varlen ? call.cu_seqlens_k->contiguous() : at::Tensor();
   const std::pair<int64_t, int64_t> longest =
-      varlen ? checked_longest_sequences("attn_ops.attention", cu_q, cu_k, shape, prep.opts)
-             : std::pair{total_q, total_k};
+      varlen ? checked_longest_sequences(call, cu_q, cu_k) : std::pair{total_q, total_k};
   const int64_t max_len_q = longest.first, max_len_k = longest.second;
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_forward", [&] {
     ForwardArgs<scalar_t> a = forward_tensors<scalar_t>(q, k, v, out, lse);
     a.q_layout = token_layout(q, varlen);
     a.out_layout = token_layout(out, varlen);
     a.k_layout.rows = token_layout(k, varlen);
     a.v_layout.rows = token_layout(v, varlen);
     a.lse_layout = lse_layout(lse, varlen);
-    set_problem(a, prep, cu_q, cu_k);
+    set_problem(a, call, cu_q, cu_k);
     a.max_len_q = max_len_q;
     [[maybe_unused]] const auto partials = set_splits(a, max_len_k, q.options());
     launch_attention_forward(a);
   });
 }
 
-void attention_backward_cuda(const AttentionPrep& prep, const at::Tensor& dout, const at::Tensor& q,
-                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                             const std::optional<at::Tensor>& dlse, const at::Tensor& dq, const at::Tensor& dk,
+void attention_backward_cuda(const AttentionBackwardCall& call, const at::Tensor& dq, const at::Tensor& dk,
                              const at::Tensor& dv) {
+  const at::Tensor &q = call.q, &k = call.k, &v = call.v, &out = call.out, &dout = call.dout;
   const c10::cuda::CUDAGuard guard(q.device());
-  const AttentionShape& shape = prep.shape;
   // lse, dlse and the delta scratch are read through one layout.
-  const at::Tensor lse_c = lse.contiguous();
-  const at::Tensor dlse_c = dlse.has_value() ? dlse->contiguous() : at::Tensor();
+  const at::Tensor lse_c = call.lse.contiguous();
+  const at::Tensor dlse_c = call.dlse.has_value() ? call.dlse->contiguous() : at::Tensor();
   at::Tensor delta = at::empty_like(lse_c);
-  const bool varlen = shape.varlen;
-  const int64_t total_q = shape.seqlen_q.expect_int(), total_k = shape.seqlen_k.expect_int();
-  const at::Tensor cu_q = varlen ? prep.opts.cu_seqlens_q->contiguous() : at::Tensor();
-  const at::Tensor cu_k = varlen ? prep.opts.cu_seqlens_k->contiguous() : at::Tensor();
+  const bool varlen = call.varlen();
+  const int64_t total_q = call.seqlen_q.expect_int(), total_k = call.seqlen_k.expect_int();
+  const at::Tensor cu_q = varlen ? call.cu_seqlens_q->contiguous() : at::Tensor();
+  const at::Tensor cu_k = varlen ? call.cu_seqlens_k->contiguous() : at::Tensor();
   const std::pair<int64_t, int64_t> longest =
-      varlen ? checked_longest_sequences("attn_ops.attention_backward", cu_q, cu_k, shape, prep.opts)
-             : std::pair{total_q, total_k};
+      varlen ? checked_longest_sequences(call, cu_q, cu_k) : std::pair{total_q, total_k};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_backward", [&] {
     using A = acc_type<scalar_t>;
@@ -202,8 +196,8 @@ void attention_backward_cuda(const AttentionPrep& prep, const at::Tensor& dout, 
     a.dk_layout = token_layout(dk, varlen);
     a.dv_layout = token_layout(dv, varlen);
     a.lse_layout = lse_layout(lse_c, varlen);
-    set_problem(a, prep, cu_q, cu_k);
-    a.heads_kv = shape.heads_kv.expect_int();
+    set_problem(a, call, cu_q, cu_k);
+    a.heads_kv = call.heads_kv.expect_int();
     a.max_len_q = longest.first;
     a.max_len_k = longest.second;
     // The tensor-core backward sums dQ over key tiles in fp32, and dK / dV over query-head splits.
@@ -252,29 +246,56 @@ KeyLayout cache_layout(const at::Tensor& cache, const at::Tensor& block_table, c
   return l;
 }
 
-}  // namespace
+// On the device, in the host validation's order: cu_seqlens_q against q's token count and max_seqlen_q (packed
+// queries), cache_batch_idx in [0, rows of the block table or of the cache), cache_leftpad in
+// [0, cache_seqlens[b]], cache_seqlens in [0, capacity] and, paged, the block-table entries of the used blocks
+// in [0, num_blocks).
+void check_cache_values_on_device(const AttentionCall& call) {
+  const char* op = call.op;
+  const at::Tensor& cache = call.k;
+  const at::Tensor& lens = *call.cache_seqlens;
+  if (call.packed_q()) {  // packed queries: [total_q, heads, dim]
+    check_cu_seqlens_on_device(op, "cu_seqlens_q", *call.cu_seqlens_q, call.q.size(0), "q",
+                               call.max_seqlen_q.value_or(-1), "max_seqlen_q");
+  }
+  const bool paged = call.paged();
+  const at::Tensor table_rows = call.cache_batch_idx.value_or(at::Tensor());
+  const at::Tensor first_key = call.cache_leftpad.value_or(at::Tensor());
+  if (table_rows.defined()) {
+    check_batch_idx_on_device(op, table_rows, paged ? call.block_table->size(0) : cache.size(0),
+                              paged ? "block_table" : call.cache_name, /*distinct=*/false);
+  }
+  if (first_key.defined()) {
+    check_leftpad_on_device(op, first_key, lens);
+  }
+  if (paged) {
+    check_cache_lengths_and_blocks_on_device(op, lens, *call.block_table, call.seqlen_k.expect_int(), cache.size(1),
+                                             cache.size(0), table_rows, first_key);
+  } else {
+    check_cache_lengths_and_blocks_on_device(op, lens, at::Tensor(), cache.size(1), 0, 0);
+  }
+}
 
-void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                       const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table, double scale,
-                       bool causal, int64_t window_left, int64_t window_right, double softcap, const KvCacheRows& rows,
-                       const at::Tensor& out, const at::Tensor& lse) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  const bool packed = rows.packed();
-  const int64_t batch = cache_seqlens.size(0), heads_q = q.size(-2), tokens_q = packed ? q.size(0) : q.size(1);
-  const int64_t dim_v = v_cache.size(3);
-  const at::Tensor lens = cache_seqlens.contiguous();
-  const at::Tensor table = block_table.has_value() ? block_table->contiguous() : at::Tensor();
-  const int64_t capacity = table.defined() ? table.size(1) * k_cache.size(1) : k_cache.size(1);
+// The forward over a contiguous or paged cache: row b reads the keys cache_leftpad[b] (else 0) ..
+// cache_seqlens[b] - 1 of cache (or block-table) row cache_batch_idx[b] (else b); its queries are the last
+// len_q of them.
+void cache_forward(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
+  check_cache_values_on_device(call);
+  const at::Tensor &q = call.q, &k_cache = call.k, &v_cache = call.v;
+  const bool packed = call.packed_q();
+  const int64_t batch = call.batch.expect_int(), tokens_q = call.seqlen_q.expect_int();
+  const int64_t capacity = call.seqlen_k.expect_int();
+  const at::Tensor lens = call.cache_seqlens->contiguous();
+  const at::Tensor table = call.paged() ? call.block_table->contiguous() : at::Tensor();
   // Packed: each row's queries start at cu_seqlens_q[b]. SeqInfo reads key offsets whenever it reads query
   // offsets; all-zero ones leave the keys to cache_seqlens (the cache rows are not packed).
-  const at::Tensor cu_q = packed ? rows.cu_seqlens_q->contiguous() : at::Tensor();
+  const at::Tensor cu_q = packed ? call.cu_seqlens_q->contiguous() : at::Tensor();
   const at::Tensor cu_k = packed ? at::zeros({batch + 1}, cu_q.options()) : at::Tensor();
-  const int64_t max_len_q = packed ? longest_packed_rows(cu_q, rows.max_seqlen_q, tokens_q) : tokens_q;
-  // Row b reads cache (or block-table) row cache_batch_idx[b], keys from cache_leftpad[b] on.
-  const at::Tensor cache_row = rows.cache_batch_idx.has_value() ? rows.cache_batch_idx->contiguous() : at::Tensor();
-  const at::Tensor first_key = rows.cache_leftpad.has_value() ? rows.cache_leftpad->contiguous() : at::Tensor();
+  const int64_t max_len_q = packed ? longest_packed_rows(cu_q, call.max_seqlen_q, tokens_q) : tokens_q;
+  const at::Tensor cache_row = call.cache_batch_idx.has_value() ? call.cache_batch_idx->contiguous() : at::Tensor();
+  const at::Tensor first_key = call.cache_leftpad.has_value() ? call.cache_leftpad->contiguous() : at::Tensor();
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_with_kvcache", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ops.attention_forward", [&] {
     using A = acc_type<scalar_t>;
     ForwardArgs<scalar_t> a = forward_tensors<scalar_t>(q, k_cache, v_cache, out, lse);
     a.q_layout = token_layout(q, packed);
@@ -282,54 +303,38 @@ void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at:
     a.k_layout = cache_layout(k_cache, table, cache_row);
     a.v_layout = cache_layout(v_cache, table, cache_row);
     a.lse_layout = lse_layout(lse, packed);
-    // The queries are the last len_q of each row's keys (cache_leftpad[b] .. cache_seqlens[b] - 1).
     a.seqs = SeqInfo{packed ? cu_q.const_data_ptr<int32_t>() : nullptr,
                      packed ? cu_k.const_data_ptr<int32_t>() : nullptr, lens.const_data_ptr<int32_t>(), tokens_q,
                      capacity, first_key.defined() ? first_key.const_data_ptr<int32_t>() : nullptr};
-    a.window = make_window(window_left, causal ? 0 : window_right, capacity + max_len_q);
-    a.logit = Logit<A>{static_cast<A>(scale), static_cast<A>(softcap)};
+    a.window = make_window(call.window_left, call.effective_window_right(), capacity + max_len_q);
+    a.logit = Logit<A>{static_cast<A>(call.scale()), static_cast<A>(call.softcap)};
     a.batch = batch;
-    a.heads_q = heads_q;
-    a.group = heads_q / k_cache.size(2);
-    a.dim_qk = q.size(-1);
-    a.dim_v = dim_v;
+    a.heads_q = call.heads_q.expect_int();
+    a.group = a.heads_q / call.heads_kv.expect_int();
+    a.dim_qk = call.head_dim_qk.expect_int();
+    a.dim_v = call.head_dim_v.expect_int();
     a.max_len_q = max_len_q;
     [[maybe_unused]] const auto partials = set_splits(a, capacity, q.options());
     launch_attention_forward(a);
   });
 }
 
-void check_kvcache_values_on_device(const char* op, const char* cache_name, const at::Tensor& k_cache,
-                                    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                                    const KvCacheRows& rows) {
-  const c10::cuda::CUDAGuard guard(k_cache.device());
-  const bool paged = block_table.has_value();
-  const at::Tensor table_rows = rows.cache_batch_idx.value_or(at::Tensor());
-  const at::Tensor first_key = rows.cache_leftpad.value_or(at::Tensor());
-  if (table_rows.defined()) {
-    check_batch_idx_on_device(op, table_rows, paged ? block_table->size(0) : k_cache.size(0),
-                              paged ? "block_table" : cache_name, /*distinct=*/false);
-  }
-  if (first_key.defined()) {
-    check_leftpad_on_device(op, first_key, cache_seqlens);
-  }
-  if (paged) {
-    check_cache_lengths_and_blocks_on_device(op, cache_seqlens, *block_table, block_table->size(1) * k_cache.size(1),
-                                             k_cache.size(1), k_cache.size(0), table_rows, first_key);
+}  // namespace
+
+void attention_forward(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
+  // Before the first check kernel: it must run on q's device and see that device's capture state.
+  const c10::cuda::CUDAGuard guard(call.q.device());
+  if (call.over_cache()) {
+    cache_forward(call, out, lse);
   } else {
-    check_cache_lengths_and_blocks_on_device(op, cache_seqlens, at::Tensor(), k_cache.size(1), 0, 0);
+    sequences_forward(call, out, lse);
   }
 }
 
-namespace {
-constexpr char kKvCacheAttentionOp[] = "attn_ops.attention_with_kvcache";
-constexpr char kKvCacheName[] = "k_cache";
-}  // namespace
-
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
-  m.impl("attention", &attention_on<attention_cuda>);
+  m.impl("attention", &attention_on<attention_forward>);
   m.impl("attention_backward", &attention_backward_on<attention_backward_cuda>);
-  m.impl("attention_with_kvcache", &attention_with_kvcache_on<checked_kvcache_attention<kKvCacheAttentionOp, kKvCacheName>>);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_on<attention_forward>);
 }
 
 }  // namespace attn_ops::cuda

@@ -1,16 +1,10 @@
-// Host entry points of the CUDA attention kernels, shared by the attention ops (attention_cuda.cu) and the
-// MLA ops (mla/cuda). Every launcher runs on the current stream and synchronises nothing.
+// Host entry points of the CUDA attention kernels, called by the backend functions (attention_cuda.cu). Every
+// launcher runs on the current stream and synchronises nothing.
 #pragma once
 
 #include "attention/cuda/problem.cuh"
-#include "common/serving.h"
-#include "common/cuda/index_checks.h"
 
 #include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAGuard.h>
-
-#include <optional>
-#include <tuple>
 
 namespace attn_ops::cuda {
 
@@ -47,40 +41,5 @@ template <typename T>
 bool mma_backward_aligned(const BackwardArgs<T>& a);  // pointers and strides suit its 16-byte loads
 template <typename T>
 void launch_backward_mma(const BackwardArgs<T>& a);
-
-// Attention of q [B, Tq, Hq, D] over the keys cache_leftpad[b] (else 0) .. cache_seqlens[b] - 1 of cache
-// row cache_batch_idx[b] (else b) of a contiguous cache [rows, capacity, Hkv, D] or, with block_table, of a
-// paged one [num_blocks, block_size, Hkv, D] through block-table row cache_batch_idx[b] (else b); arguments
-// already validated (k_cache and v_cache may be views of one tensor: MLA's latent cache); writes out and lse.
-void kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                       const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table, double scale,
-                       bool causal, int64_t window_left, int64_t window_right, double softcap, const KvCacheRows& rows,
-                       const at::Tensor& out, const at::Tensor& lse);
-
-// On the device, in the host validation's order: cache_batch_idx in [0, rows of the block table or of the
-// cache, named cache_name), cache_leftpad in [0, cache_seqlens[b]], cache_seqlens in [0, capacity] and,
-// paged, the block-table entries of the used blocks in [0, num_blocks).
-void check_kvcache_values_on_device(const char* op, const char* cache_name, const at::Tensor& k_cache,
-                                    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                                    const KvCacheRows& rows);
-
-// kvcache_attention after the device-side checks of the index tensors, named for op `Op` whose cache
-// argument is `CacheName`: the CUDA backend function of attention_with_kvcache_on and mla_decode_on (whose
-// validation reads no values of CUDA tensors).
-template <const char* Op, const char* CacheName>
-void checked_kvcache_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                               double scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-                               const KvCacheRows& rows, const at::Tensor& out, const at::Tensor& lse) {
-  // Before the first check kernel: it must run on q's device and see that device's capture state.
-  const c10::cuda::CUDAGuard device_guard(q.device());
-  if (rows.packed()) {  // packed queries: [total_q, heads, dim]
-    check_cu_seqlens_on_device(Op, "cu_seqlens_q", *rows.cu_seqlens_q, q.size(0), "q",
-                               rows.max_seqlen_q.value_or(-1), "max_seqlen_q");
-  }
-  check_kvcache_values_on_device(Op, CacheName, k_cache, cache_seqlens, block_table, rows);
-  kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right,
-                    softcap, rows, out, lse);
-}
 
 }  // namespace attn_ops::cuda

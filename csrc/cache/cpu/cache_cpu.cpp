@@ -1,5 +1,5 @@
 // CPU kernels of the KV-cache writes: row copies (a copy is exact in every dtype, so no dtype dispatch).
-#include "cache/cpu/copy_rows.h"
+#include "common/cpu/copy_rows.h"
 #include "cache/validation.h"
 
 #include <ATen/ATen.h>

@@ -1,6 +1,6 @@
 // CUDA kernels of the KV-cache writes: the shared validation and the device-side value checks (before any
 // write), then row copies.
-#include "cache/cuda/copy_rows.cuh"
+#include "common/cuda/copy_rows.cuh"
 #include "cache/validation.h"
 #include "common/cuda/index_checks.h"
 

@@ -3,7 +3,7 @@
 // operands as one PassSpec and call run_pass.
 #pragma once
 
-#include "attention/cpu/parallel.h"
+#include "common/cpu/parallel.h"
 #include "lightning/cpu/stream.h"
 
 #include <ATen/ATen.h>

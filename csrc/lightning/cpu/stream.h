@@ -5,7 +5,7 @@
 // passes (dq forward in time, dk and dv reversed in time) are all this one recurrence with other operands.
 #pragma once
 
-#include "attention/cpu/blas.h"
+#include "common/cpu/blas.h"
 #include "lightning/validation.h"
 
 #include <algorithm>

@@ -1,10 +1,10 @@
 // CPU kernels of the MLA ops: the cache write as two row copies, and the absorbed decode
-// (mla/absorbed_decode.h) on the CPU attention-over-a-cache kernel.
+// (mla/absorbed_decode.h) on the CPU attention forward.
 #include "mla/absorbed_decode.h"
 #include "mla/validation.h"
 
-#include "attention/cpu/attention_cpu.h"
-#include "cache/cpu/copy_rows.h"
+#include "common/attention_call.h"
+#include "common/cpu/copy_rows.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -60,7 +60,7 @@ void mla_cache_append_cpu(const at::Tensor& latent_cache, const at::Tensor& c_kv
 
 TORCH_LIBRARY_IMPL(attn_ops, CPU, m) {
   m.impl("mla_cache_append", &mla_cache_append_cpu);
-  m.impl("mla_decode", &mla_decode_on<kvcache_attention>);
+  m.impl("mla_decode", &mla_decode_on<attention_forward>);
 }
 
 }  // namespace attn_ops::cpu

@@ -1,11 +1,11 @@
 // CUDA kernels of the MLA ops, built like the CPU ones: the cache write is two row copies into the two
 // column ranges of the latent cache, and the absorbed decode (mla/absorbed_decode.h) runs on the CUDA
-// attention-over-a-cache kernels.
+// attention forward.
 #include "mla/absorbed_decode.h"
 #include "mla/validation.h"
 
-#include "attention/cuda/attention_cuda.h"
-#include "cache/cuda/copy_rows.cuh"
+#include "common/attention_call.h"
+#include "common/cuda/copy_rows.cuh"
 #include "common/cuda/index_checks.h"
 
 #include <ATen/ATen.h>
@@ -14,9 +14,6 @@
 
 namespace attn_ops::cuda {
 namespace {
-
-constexpr char kMlaDecodeOp[] = "attn_ops.mla_decode";
-constexpr char kLatentCacheName[] = "latent_cache";
 
 void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
@@ -73,7 +70,7 @@ void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_k
 
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
   m.impl("mla_cache_append", &mla_cache_append_cuda);
-  m.impl("mla_decode", &mla_decode_on<checked_kvcache_attention<kMlaDecodeOp, kLatentCacheName>>);
+  m.impl("mla_decode", &mla_decode_on<attention_forward>);
 }
 
 }  // namespace attn_ops::cuda
