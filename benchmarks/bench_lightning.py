@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
+import sys
 import time
 
 import torch
 
-import baselines
-import cli
-import machine
-import reporting
-import timing
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import baselines  # noqa: E402
+import cli  # noqa: E402
+import machine  # noqa: E402
+import reporting  # noqa: E402
+import timing  # noqa: E402
 
 attn_ops = machine.import_attn_ops()
 from attn_ops.integrations import transformers as hf  # noqa: E402

@@ -1,11 +1,11 @@
 """Run a command with a native crash handler and name the C++ functions of its crash.
 
 Python's faulthandler prints only the Python frames of a segfault. This builds
-benchmarks/native_backtrace/segv_backtrace.c (gcc), runs the command with it preloaded, and rewrites the
+tools/native_backtrace/segv_backtrace.c (gcc), runs the command with it preloaded, and rewrites the
 frames it prints (module + offset) as function, file and line with addr2line where the module has them
 (attn_ops' extension is built with -g). Used on the GPU machine, where there is no gdb:
 
-    python benchmarks/native_backtrace.py -- python -m pytest -p no:faulthandler -x tests/test_x.py
+    python tools/native_backtrace.py -- python -m pytest -p no:faulthandler -x tests/test_x.py
 
 Exit status: the command's (128 + the signal number when a signal ended it, as a shell reports it).
 """

@@ -1,6 +1,6 @@
-"""Short markdown summary of pytest junit xml files (used by benchmarks/gpu_check.sh).
+"""Short markdown summary of pytest junit xml files (used by benchmarks/gpu/gpu_check.sh).
 
-  python benchmarks/junit_summary.py [--max-failures N] [--max-chars N] FILE.xml...
+  python benchmarks/gpu/junit_summary.py [--max-failures N] [--max-chars N] FILE.xml...
 
 Prints, per file: totals (tests, passed, failed, errors, skipped, time); per test module the
 failures; then the failures grouped by their first message line (the same message in many tests,

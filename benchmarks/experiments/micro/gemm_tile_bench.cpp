@@ -4,7 +4,7 @@
 // where the CPU has AVX512-BF16. Build and run (from the repo root):
 //   T=$(python -c "import torch,os;print(os.path.dirname(torch.__file__))")
 //   g++ -O3 -std=c++20 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c -DCPU_CAPABILITY=AVX512 \
-//     -DCPU_CAPABILITY_AVX512 -I csrc -I $T/include benchmarks/micro/gemm_tile_bench.cpp -L $T/lib -ltorch_cpu \
+//     -DCPU_CAPABILITY_AVX512 -I csrc -I $T/include benchmarks/experiments/micro/gemm_tile_bench.cpp -L $T/lib -ltorch_cpu \
 //     -lc10 -Wl,-rpath,$T/lib -o /tmp/gemm_tile_bench && OMP_NUM_THREADS=1 /tmp/gemm_tile_bench
 #include "attention/cpu/blas.h"
 #include "attention/cpu/gemm_kernels.h"

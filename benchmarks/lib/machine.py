@@ -18,7 +18,7 @@ from reporting import GiB, fmt_bytes
 from timing import measure
 
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def import_attn_ops():

@@ -20,8 +20,8 @@ Each check is one line of the report: pass, FAIL (the tolerance rule's message) 
 exception). The exit status is 1 when any check failed or raised, so gpu_check.sh marks the stage.
 --tiny runs every probe at small sizes: a dry run of this script on a CPU (tests/test_gpu_probes.py).
 
-  python benchmarks/gpu_probes.py --device cuda --out probes.md --json probes.json
-  python benchmarks/gpu_probes.py --device cpu --tiny
+  python benchmarks/gpu/gpu_probes.py --device cuda --out probes.md --json probes.json
+  python benchmarks/gpu/gpu_probes.py --device cpu --tiny
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(BENCHMARKS, "lib"))
+sys.path.insert(0, os.path.join(os.path.dirname(BENCHMARKS), "tests"))
 
 from machine import import_attn_ops, machine_info  # noqa: E402
 from reporting import fmt_time, markdown_table, write_outputs  # noqa: E402

@@ -4,7 +4,7 @@
 // P V) against "q" vectors cycled through a hot array of H bytes (the kernel's q rows, output accumulators,
 // scores and row pointers). Compared with the same loop over 64 rows that stay in L1 ("resident"): if the
 // streamed time matches it, the memory reads hide behind the arithmetic.
-//   g++ -O3 -mavx512f -mavx512bw benchmarks/micro/decode_hot_set.cpp -o /tmp/decode_hot_set
+//   g++ -O3 -mavx512f -mavx512bw benchmarks/experiments/micro/decode_hot_set.cpp -o /tmp/decode_hot_set
 //   /tmp/decode_hot_set            (hot arrays of 1, 8, 16, 32, 64 KiB)
 // Results and what they decided: benchmarks/results/zen4_decode_overlap.md.
 #include <immintrin.h>

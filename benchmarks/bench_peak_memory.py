@@ -1,8 +1,8 @@
 """Peak memory of one attention forward+backward beyond its inputs, ours or SDPA, in this process.
 
 Run once per implementation, each in its own process:
-  python benchmarks/peak_memory.py ours  --seqlen 8192
-  python benchmarks/peak_memory.py sdpa  --seqlen 8192
+  python benchmarks/bench_peak_memory.py ours  --seqlen 8192
+  python benchmarks/bench_peak_memory.py sdpa  --seqlen 8192
 Shapes: B=1, Hq=32, Hkv=8 (GQA), D=128, float32 (--dtype bfloat16: the low-precision backward), causal. Each implementation gets its inputs and output
 gradient created directly in its own layout (SDPA: [B, H, T, D]; no transposed copy whose freed pages
 would raise the high-water mark before the run), is warmed up on a small case (code pages, OpenMP and
@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import machine  # noqa: E402
 from peak_rss import peak_extra_bytes  # noqa: E402
 

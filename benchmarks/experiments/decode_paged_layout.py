@@ -6,7 +6,7 @@ GQA 32/8, D = 128, one query token per row, every row attending to its whole con
 In head-major blocks each KV head's rows of a block are contiguous, and the kernel takes one KV head per work
 item (decode_heads_per_item in csrc/attention/cpu/decode_cpu.cpp); in token-major ones it takes all heads.
 
-  python benchmarks/decode_paged_layout.py --dtype bfloat16 float32 --block-size 4 16 64 256 --rounds 7
+  python benchmarks/experiments/decode_paged_layout.py --dtype bfloat16 float32 --block-size 4 16 64 256 --rounds 7
 """
 import argparse
 import os
@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 import machine  # noqa: E402
 from cli import add_decode_sweep_args  # noqa: E402
 from reporting import print_table_report  # noqa: E402

@@ -2,7 +2,7 @@
 time against the tensor-core peak (issue 11: 166 TFLOP/s forward on an H200 where FlashAttention-2 reaches
 326, benchmarks/results/h200_notes.md).
 
-    python benchmarks/ncu_attention.py --out OUTDIR            # on the GPU machine, about 1-2 minutes
+    python benchmarks/gpu/ncu_attention.py --out OUTDIR            # on the GPU machine, about 1-2 minutes
 
 Runs `ncu` (Nsight Compute; `--clock-control none`: the clocks stay as the card has them) on one launch of
 forward_mma_kernel and one of backward_mma_kernel, bfloat16 causal B=4 T=4096 Hq=32 Hkv=8 D=128 (the

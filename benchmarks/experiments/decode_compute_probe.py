@@ -6,7 +6,7 @@ GQA 32/8, D = 128, B = 32, context 4096, three caches read by the same kernel:
   stream  the same paged cache with every block distinct (0.5 GiB bf16, read from memory)
 If L1 / L2 are not much faster than stream, the kernel is compute-bound (see cpu_decode_compute.md).
 
-  python benchmarks/decode_compute_probe.py --dtype bfloat16 --repeats 5
+  python benchmarks/experiments/decode_compute_probe.py --dtype bfloat16 --repeats 5
 """
 import argparse
 import os
@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 import machine  # noqa: E402
 import timing  # noqa: E402
 

@@ -2,11 +2,11 @@
 # Builds the extension on this machine for the GPU machine (Python 3.12, torch 2.11.0+cu130, sm_90a), so a
 # device lease, which is minutes long, does not spend 90-120 s of it compiling. No GPU is needed here.
 #
-#   bash benchmarks/prebuild_device.sh        # ~10 min on 2 cores the first time; then incremental
+#   bash benchmarks/gpu/prebuild_device.sh        # ~10 min on 2 cores the first time; then incremental
 #
 # Result: .prebuilt/_C.cpython-312-x86_64-linux-gnu.so (debug info stripped) and .prebuilt/stamp, the hash
-# of the build inputs (benchmarks/build_stamp.py). Carry it to the GPU machine with the working tree
-# (device run: carry [".prebuilt"]); benchmarks/gpu_check.sh there uses it when the stamp matches the tree
+# of the build inputs (benchmarks/gpu/build_stamp.py). Carry it to the GPU machine with the working tree
+# (device run: carry [".prebuilt"]); benchmarks/gpu/gpu_check.sh there uses it when the stamp matches the tree
 # it was sent with and the library imports, and builds from source otherwise. Rebuild after every change to
 # csrc/, setup.py or build_config.json (the stamp would no longer match).
 #
@@ -16,7 +16,7 @@
 # Environment: PREBUILD_WORK=/tmp/attn_ops_prebuild, PREBUILD_PYTHON=python3.12, PREBUILD_TORCH=2.11.0,
 # PREBUILD_ARCH=9.0a (the GPU machine's TORCH_CUDA_ARCH_LIST), MAX_JOBS=2.
 set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=${PREBUILD_WORK:-/tmp/attn_ops_prebuild}
 python=${PREBUILD_PYTHON:-python3.12}
 torch_version=${PREBUILD_TORCH:-2.11.0}

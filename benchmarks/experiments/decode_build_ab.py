@@ -7,7 +7,7 @@ between runs, so the builds take turns instead of running one after the other. A
 holds an `attn_ops` package with its compiled library (a copy of the repository's `attn_ops/` after a build).
 
   cp -r attn_ops /tmp/ab/old/            # before the change (built)
-  python benchmarks/decode_build_ab.py old=/tmp/ab/old new=. --dtype bfloat16 float32 \\
+  python benchmarks/experiments/decode_build_ab.py old=/tmp/ab/old new=. --dtype bfloat16 float32 \\
       --layout bshd paged16 bhtd paged16hm --rounds 5
 
 Layouts (GQA --hq / 8, D=128, every row at the full context; MLA: --hq heads, kv_lora_rank 512 + rope 64):
@@ -17,7 +17,7 @@ Layouts (GQA --hq / 8, D=128, every row at the full context; MLA: --hq heads, kv
   paged16hm [num_blocks, Hkv, 16, D] blocks passed as .transpose(1, 2) views (PagedKVCache's on the CPU)
   mla       attn_ops.mla_decode over a contiguous [B, T, 576] latent cache
 
-  python benchmarks/decode_build_ab.py old=/tmp/ab/old new=. --layout mla --hq 16 --batch 16
+  python benchmarks/experiments/decode_build_ab.py old=/tmp/ab/old new=. --layout mla --hq 16 --batch 16
 """
 
 import argparse
@@ -27,8 +27,9 @@ import statistics
 import subprocess
 import sys
 
-from cli import add_decode_sweep_args
-from timing import medians_in_turn
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from cli import add_decode_sweep_args  # noqa: E402
+from timing import medians_in_turn  # noqa: E402
 
 LAYOUTS = ("bshd", "bhtd", "paged16", "paged16hm", "mla")
 HKV, D, BLOCK = 8, 128, 16
@@ -119,7 +120,7 @@ def main():
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd="/").stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     first = next(iter(builds))
-    print(f"command: python benchmarks/decode_build_ab.py {' '.join(args.builds)} --dtype {' '.join(args.dtype)} "
+    print(f"command: python benchmarks/experiments/decode_build_ab.py {' '.join(args.builds)} --dtype {' '.join(args.dtype)} "
           f"--layout {' '.join(args.layout)} --batch {args.batch} --context {args.context} --hq {args.hq} "
           f"--rounds {args.rounds} "
           f"--repeats {args.repeats}")

@@ -5,7 +5,7 @@ process: GQA 32/8, D = 128, one query token per row, every row attending to its 
 The kernel reads one KV head's rows, kilobytes apart in the [batch, seqlen, heads, head_dim] layout, so with
 4 KiB pages nearly every other row is a new page and a TLB miss; huge pages remove most of them.
 
-  python benchmarks/decode_huge_pages.py --dtype bfloat16 float32 --batch 32 --context 4096 --rounds 7
+  python benchmarks/experiments/decode_huge_pages.py --dtype bfloat16 float32 --batch 32 --context 4096 --rounds 7
 """
 import argparse
 import os
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 import machine  # noqa: E402
 from cli import add_decode_sweep_args  # noqa: E402
 from reporting import print_table_report  # noqa: E402

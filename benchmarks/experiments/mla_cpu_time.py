@@ -5,8 +5,8 @@ With other processes on the cores, a call's wall time measures the queue; the pr
 thread measures the cycles the kernel itself took (memory stalls included), so two builds compared with
 it, one after the other, still rank. Per case: median of --repeats calls, best of --rounds rounds.
 
-  python benchmarks/mla_cpu_time.py                       # the four cases below
-  python benchmarks/mla_cpu_time.py bfloat16_h16 float32_h16
+  python benchmarks/experiments/mla_cpu_time.py                       # the four cases below
+  python benchmarks/experiments/mla_cpu_time.py bfloat16_h16 float32_h16
 """
 
 import argparse
@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 import machine  # noqa: E402
 import timing  # noqa: E402
 

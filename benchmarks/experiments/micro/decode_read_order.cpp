@@ -6,7 +6,7 @@
 //   kernel order  [B, T, Hkv, D] as decode_kernel.h's stream_tiles walks it: K by blocks of 4 keys, every head
 //                 of a block before the next block; then V head by head (rows Hkv * D apart);
 //   kernel + pf   the same, with V's rows requested into L2 (prefetcht1) during K, as stream_tiles does.
-//   g++ -O2 -mavx512f -fopenmp benchmarks/micro/decode_read_order.cpp -o /tmp/decode_read_order
+//   g++ -O2 -mavx512f -fopenmp benchmarks/experiments/micro/decode_read_order.cpp -o /tmp/decode_read_order
 //   OMP_NUM_THREADS=2 /tmp/decode_read_order [W]
 // (results and what they decided: benchmarks/results/cpu_decode_compute.md, session 7)
 #include <immintrin.h>

@@ -1,11 +1,11 @@
 """What a build of the extension depends on, as one hash: the sources (csrc/, setup.py, build_config.json,
 attn_ops/_linkage.py), the torch version, the Python minor version and TORCH_CUDA_ARCH_LIST.
 
-benchmarks/prebuild_device.sh writes it next to a library built on this machine for the GPU machine;
+benchmarks/gpu/prebuild_device.sh writes it next to a library built on this machine for the GPU machine;
 gpu_check.sh uses that library only when the hash it computes there is the same (the same sources and the
 same torch / Python / architectures), else it builds from source as usual.
 
-    python benchmarks/build_stamp.py [--arch-list 9.0a]     # prints the hash
+    python benchmarks/gpu/build_stamp.py [--arch-list 9.0a]     # prints the hash
 """
 
 import argparse
@@ -14,7 +14,7 @@ import hashlib
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INPUTS = ["csrc/**/*", "setup.py", "build_config.json", "attn_ops/_linkage.py"]
 
 

@@ -7,7 +7,7 @@ small), "tanh" the vectorized tanh per element, which a batch entry takes when s
 form's limit (one value of qp is set to 50 to force it). A build is a folder holding a built `attn_ops` package.
 
   cp -r attn_ops /tmp/ab/old/            # before the change (built)
-  python benchmarks/additive_forms.py old=/tmp/ab/old new=. --rounds 5
+  python benchmarks/experiments/additive_forms.py old=/tmp/ab/old new=. --rounds 5
 """
 
 import argparse
@@ -17,7 +17,8 @@ import statistics
 import subprocess
 import sys
 
-from timing import medians_in_turn
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from timing import medians_in_turn  # noqa: E402
 
 B, T, A, DV = 4, 512, 256, 64
 
@@ -59,7 +60,7 @@ def main():
                    "--repeats", str(args.repeats)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd="/").stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
-    print(f"command: python benchmarks/additive_forms.py {' '.join(args.builds)} --rounds {args.rounds} "
+    print(f"command: python benchmarks/experiments/additive_forms.py {' '.join(args.builds)} --rounds {args.rounds} "
           f"--repeats {args.repeats}")
     for name in builds:
         print(f"{name}: {runs[name][0]['attn_ops']}")

@@ -5,18 +5,20 @@ samples, then the other's) can credit a load change to one side. Here every roun
 in turn, and the medians over rounds are compared. A variant is "ours" under environment settings
 (e.g. ATTN_OPS_CPU_AVX512BF16=0 or ATTN_OPS_CPU_ISA=avx2), set around its calls only.
 
-  python benchmarks/prefill_ab.py --seqlen 2048 --rounds 9 ours ours:ATTN_OPS_CPU_AVX512BF16=0
+  python benchmarks/experiments/prefill_ab.py --seqlen 2048 --rounds 9 ours ours:ATTN_OPS_CPU_AVX512BF16=0
 """
 
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from machine import import_attn_ops
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from machine import import_attn_ops  # noqa: E402
 
 attn_ops = import_attn_ops()
 

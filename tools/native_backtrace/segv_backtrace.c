@@ -1,7 +1,7 @@
 /* LD_PRELOAD helper: on SIGSEGV / SIGBUS / SIGFPE / SIGILL / SIGABRT, prints the faulting address and the
  * native call stack (module + offset of each frame, and the symbol where the module exports one) to stderr,
  * then dies of the same signal. Python's faulthandler shows only Python frames; this shows which C++
- * function crashed. Built and used by benchmarks/native_backtrace.py. */
+ * function crashed. Built and used by tools/native_backtrace.py. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <execinfo.h>

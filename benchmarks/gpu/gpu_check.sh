@@ -3,7 +3,7 @@
 # tests, compute-sanitizer (memcheck, racecheck), quick GPU benchmarks; every stage logged, a failed
 # stage never stops the next, and a summary with each stage's status and time. Docs: docs/gpu_check.md.
 #
-#   bash benchmarks/gpu_check.sh OUTDIR
+#   bash benchmarks/gpu/gpu_check.sh OUTDIR
 #
 # Fits a 10-minute command: the whole run ends within GPU_CHECK_BUDGET seconds (default 540). Each
 # stage after the build gets a share of the time left, by weight, capped; a stage whose share is too
@@ -21,7 +21,7 @@
 #   GPU_CHECK_XDIST=14          pytest-xdist workers for the test suites (0: none; used if installed)
 #   GPU_CHECK_CPU_TESTS=1       run the CPU cases last with the time left (0: never)
 #   PYTHON=python3, MAX_JOBS=16, TORCH_CUDA_ARCH_LIST=9.0 (build)
-#   GPU_CHECK_PREBUILT=.prebuilt  a library built ahead by benchmarks/prebuild_device.sh, used when its
+#   GPU_CHECK_PREBUILT=.prebuilt  a library built ahead by benchmarks/gpu/prebuild_device.sh, used when its
 #                               stamp matches (else the usual build)
 #   Without a GPU (a dry run of the script itself) the GPU stages skip and the benchmarks run on the
 #   CPU at tiny sizes; GPU_CHECK_SKIP=build keeps an existing build.
@@ -34,7 +34,7 @@ fi
 OUTDIR=$1
 mkdir -p "$OUTDIR" || exit 2
 OUTDIR=$(cd "$OUTDIR" && pwd)
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 2
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
@@ -157,7 +157,7 @@ finalize() {
     echo "# attn_ops GPU check"
     echo
     echo "- date: $(date -u '+%F %T UTC'); elapsed $(( $(now) - START )) s of a ${BUDGET} s budget"
-    echo "- command: \`bash benchmarks/gpu_check.sh $OUTDIR\` (GPU_CHECK_SKIP=${GPU_CHECK_SKIP:-}, MAX_JOBS=$MAX_JOBS, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
+    echo "- command: \`bash benchmarks/gpu/gpu_check.sh $OUTDIR\` (GPU_CHECK_SKIP=${GPU_CHECK_SKIP:-}, MAX_JOBS=$MAX_JOBS, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
     [[ -f $WORK/facts.txt ]] && sed 's/^/- /' "$WORK/facts.txt"
     echo
     echo "| stage | status | seconds | limit | note |"
@@ -284,9 +284,9 @@ SANITIZER=$(command -v compute-sanitizer 2>/dev/null \
 finalize
 
 # --------------------------------------------------------------------------------- (b) build
-# A library built ahead on another machine (benchmarks/prebuild_device.sh) saves the build's 90-120 s of a
+# A library built ahead on another machine (benchmarks/gpu/prebuild_device.sh) saves the build's 90-120 s of a
 # short lease. It is used only when its stamp equals the hash of this tree's build inputs, torch's and
-# Python's versions and TORCH_CUDA_ARCH_LIST (benchmarks/build_stamp.py), and only if it imports.
+# Python's versions and TORCH_CUDA_ARCH_LIST (benchmarks/gpu/build_stamp.py), and only if it imports.
 PREBUILT_NOTE=""
 use_prebuilt() {
   local dir=${GPU_CHECK_PREBUILT:-$REPO/.prebuilt} lib want have t0
@@ -440,10 +440,10 @@ else
     pytest_status smoke
     finalize
     # A crash (SIGSEGV / SIGABRT): faulthandler names only Python frames. Rerun the file up to the crash with
-    # the native handler (benchmarks/native_backtrace.py; pytest's capture off, or it swallows the report)
+    # the native handler (tools/native_backtrace.py; pytest's capture off, or it swallows the report)
     # and put the C++ frames in the summary.
     if [[ $SMOKE_RC == 139 || $SMOKE_RC == 134 ]] && (( $(remaining) > RESERVE + 120 )); then
-      run_stage crash_trace 60 "$PY" benchmarks/native_backtrace.py -- "$PY" -m pytest -p no:faulthandler \
+      run_stage crash_trace 60 "$PY" tools/native_backtrace.py -- "$PY" -m pytest -p no:faulthandler \
         -p no:cacheprovider -s -x -q "${GRAPH_TESTS[@]}"
       find_stage crash_trace; i=$IDX
       STATUS[$i]="DONE (rc $RC)"
@@ -453,11 +453,11 @@ else
   fi
 fi
 
-# The issue's risk probes (benchmarks/gpu_probes.py): long-context MLA / attention / cache capacity and the
+# The issue's risk probes (benchmarks/gpu/gpu_probes.py): long-context MLA / attention / cache capacity and the
 # dtype x head-dim x length sweep, each against float64; the script stops its sweep at its own budget.
 cuda_stage_time probes
 if ((T > 0)); then
-  run_stage probes "$T" "$PY" benchmarks/gpu_probes.py --device cuda --time-budget $((T * 3 / 4)) \
+  run_stage probes "$T" "$PY" benchmarks/gpu/gpu_probes.py --device cuda --time-budget $((T * 3 / 4)) \
     --out "$WORK/probes.md" --json "$WORK/probes.json"
   find_stage probes; i=$IDX
   NOTES[$i]=$(grep -m1 -E "^- checks:" "$WORK/probes.md" 2>/dev/null | sed 's/^- //')
