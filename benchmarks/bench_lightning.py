@@ -20,8 +20,8 @@ Sections (defaults: float32, H 16, D 128, MiniMax's decay rates):
                (swap_minimax_attention + attn_implementation="attn_ops"), with the same-tokens check.
 
 Example (the committed CPU results):
-  python benchmarks/bench_lightning.py --out benchmarks/results/cpu_lightning.md \\
-      --json benchmarks/results/cpu_lightning.json --plot benchmarks/results/cpu_lightning_crossover.png
+  python benchmarks/bench_lightning.py --out benchmarks/results/xeon_lightning.md \\
+      --plot benchmarks/results/xeon_lightning_crossover.png
 """
 
 from __future__ import annotations

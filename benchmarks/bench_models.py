@@ -61,7 +61,7 @@ Examples:
   python benchmarks/bench_models.py
   python benchmarks/bench_models.py --models llama deepseek_v3 --batch 1 --prompt-len 128 --new-tokens 8
   python benchmarks/bench_models.py --device cuda --batch 1 8 --prompt-len 2048
-  python benchmarks/bench_models.py --out benchmarks/results/cpu_models.md --json benchmarks/results/cpu_models.json
+  python benchmarks/bench_models.py --out benchmarks/results/epyc_avx2_models.md
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ GQA 32/8, D = 128, B = 32, context 4096, three caches read by the same kernel:
           hits L1, so the time is the kernel's instructions alone
   L2      a paged cache (block 64) whose block table points at the same 4 blocks over and over (1 MiB bf16)
   stream  the same paged cache with every block distinct (0.5 GiB bf16, read from memory)
-If L1 / L2 are not much faster than stream, the kernel is compute-bound (see cpu_decode_compute.md).
+If L1 / L2 are not much faster than stream, the kernel is compute-bound.
 
   python benchmarks/experiments/decode_compute_probe.py --dtype bfloat16 --repeats 5
 """

@@ -1,6 +1,6 @@
 """The CUDA kernels' highest-risk cases, each checked against a float64 reference and timed, in one run.
 
-These are the probes the first GPU session runs before the full test suite (docs/gpu_check.md): the
+These are the probes a GPU run starts with, before the full test suite (docs/gpu_check.md): the
 cases where a launch-configuration, shared-memory, split or indexing defect would show first.
   (a) mla_decode bfloat16, B=1, H=128, context 16384, contiguous and paged (block 64): reference
       check, time, GB/s of the latent cache, and the launch record of the kernel (V read from the K
@@ -119,7 +119,7 @@ class Report:
 
     def markdown(self) -> str:
         c = self.counts()
-        L = ["# attn_ops GPU probes (issue 11, part B)", ""]
+        L = ["# attn_ops GPU probes: long-context cases and the dtype x head-dim sweep", ""]
         L += [f"- {k}: {v}" for k, v in (("machine", self.info["cpu"]), ("GPU", self.info.get("gpu", "none")),
                                         ("torch", self.info["torch"]), ("git", self.info["git_commit"]),
                                         ("date", self.info["date"]), ("command", f"`{self.info['command']}`"))]

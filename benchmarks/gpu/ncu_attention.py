@@ -1,5 +1,5 @@
 """Nsight Compute profile of the tensor-core attention kernels: where the forward and the backward lose
-time against the tensor-core peak (issue 11: 166 TFLOP/s forward on an H200 where FlashAttention-2 reaches
+time against the tensor-core peak (166 TFLOP/s forward on an H200 where FlashAttention-2 reaches
 326, benchmarks/results/h200_notes.md).
 
     python benchmarks/gpu/ncu_attention.py --out OUTDIR            # on the GPU machine, about 1-2 minutes

@@ -1,7 +1,8 @@
 // Issue rate of the instructions the CPU decode kernel could spend on Q K^T, on this CPU: 24 independent
 // accumulator chains each (enough to hide any latency), thread CPU time per instruction.
 //   g++ -O2 -mavx512f -mavx512bf16 benchmarks/experiments/micro/cpu_dot_throughput.cpp -o /tmp/cpu_dot_throughput && /tmp/cpu_dot_throughput
-// (needs AVX512-BF16; results and what they decided: benchmarks/results/cpu_decode_compute.md)
+// (needs AVX512-BF16; its results and what they decided were recorded in
+// benchmarks/results/ at the time (git log -- benchmarks/results))
 #include <immintrin.h>
 
 #include <cstdio>

@@ -6,7 +6,8 @@
 // streamed time matches it, the memory reads hide behind the arithmetic.
 //   g++ -O3 -mavx512f -mavx512bw benchmarks/experiments/micro/decode_hot_set.cpp -o /tmp/decode_hot_set
 //   /tmp/decode_hot_set            (hot arrays of 1, 8, 16, 32, 64 KiB)
-// Results and what they decided: benchmarks/results/zen4_decode_overlap.md.
+// Its results and what they decided were recorded in
+// benchmarks/results/ at the time (git log -- benchmarks/results).
 #include <immintrin.h>
 
 #include <algorithm>

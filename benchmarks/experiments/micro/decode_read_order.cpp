@@ -8,7 +8,8 @@
 //   kernel + pf   the same, with V's rows requested into L2 (prefetcht1) during K, as stream_tiles does.
 //   g++ -O2 -mavx512f -fopenmp benchmarks/experiments/micro/decode_read_order.cpp -o /tmp/decode_read_order
 //   OMP_NUM_THREADS=2 /tmp/decode_read_order [W]
-// (results and what they decided: benchmarks/results/cpu_decode_compute.md, session 7)
+// (its results and what they decided were recorded in
+// benchmarks/results/ at the time (git log -- benchmarks/results))
 #include <immintrin.h>
 #include <omp.h>
 
