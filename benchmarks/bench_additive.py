@@ -5,7 +5,7 @@ materializes tanh(W_q q_i + W_k k_j) as a [B, Tq, Tk, A] tensor:
     out = torch.softmax(scores, dim=-1) @ v
 
 Forward (fwd) and forward + backward (fwdbwd, out.backward(grad)), float32, default shape B = 8,
-Tq = Tk = 1024, A = 256, Dv = 256. Time: median of --repeats calls (benchmarks/timing.measure). Peak
+Tq = Tk = 1024, A = 256, Dv = 256. Time: median of --repeats calls (benchmarks/lib/timing.py, measure). Peak
 memory: the resident-set growth at the call's peak, inputs excluded, measured once in a fresh child
 process (benchmarks/lib/peak_rss.py).
 

@@ -174,7 +174,7 @@ finalize() {
     if ((${#xmls[@]})); then
       echo "## Tests"
       echo
-      "$PY" "$REPO/benchmarks/junit_summary.py" --max-failures 12 --max-chars 3500 "${xmls[@]}" 2>&1
+      "$PY" "$REPO/benchmarks/gpu/junit_summary.py" --max-failures 12 --max-chars 3500 "${xmls[@]}" 2>&1
     fi
     if [[ -f $WORK/crash_trace.log ]]; then
       echo "## crash_trace: native frames of the smoke crash"
@@ -294,7 +294,7 @@ use_prebuilt() {
   t0=$(now)
   lib=$(ls "$dir"/_C.*.so 2>/dev/null | head -n 1)
   want=$(cat "$dir/stamp")
-  have=$("$PY" "$REPO/benchmarks/build_stamp.py" --arch-list "$TORCH_CUDA_ARCH_LIST" 2>/dev/null)
+  have=$("$PY" "$REPO/benchmarks/gpu/build_stamp.py" --arch-list "$TORCH_CUDA_ARCH_LIST" 2>/dev/null)
   if [[ -z $lib || $want != "$have" ]]; then
     PREBUILT_NOTE="; $dir not used: its stamp differs from this tree's (other sources, torch, Python or architectures)"
     return 1

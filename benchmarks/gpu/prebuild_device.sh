@@ -54,8 +54,8 @@ lib=$(ls attn_ops/_C.cpython-*.so)
 mkdir -p "$repo/.prebuilt"
 rm -f "$repo"/.prebuilt/_C.*.so
 strip --strip-debug -o "$repo/.prebuilt/$(basename "$lib")" "$lib"
-"$venv/bin/python" "$repo/benchmarks/build_stamp.py" --arch-list "$arch" --root "$work/src" >"$repo/.prebuilt/stamp"
+"$venv/bin/python" "$repo/benchmarks/gpu/build_stamp.py" --arch-list "$arch" --root "$work/src" >"$repo/.prebuilt/stamp"
 # The stamp is of the copy that was built; the tree sent must still be the same.
-[[ $(cat "$repo/.prebuilt/stamp") == $("$venv/bin/python" "$repo/benchmarks/build_stamp.py" --arch-list "$arch") ]] \
+[[ $(cat "$repo/.prebuilt/stamp") == $("$venv/bin/python" "$repo/benchmarks/gpu/build_stamp.py" --arch-list "$arch") ]] \
   || { echo "the working tree changed during the build: run again" >&2; exit 1; }
 ls -l "$repo/.prebuilt"
