@@ -5,9 +5,9 @@ materializes tanh(W_q q_i + W_k k_j) as a [B, Tq, Tk, A] tensor:
     out = torch.softmax(scores, dim=-1) @ v
 
 Forward (fwd) and forward + backward (fwdbwd, out.backward(grad)), float32, default shape B = 8,
-Tq = Tk = 1024, A = 256, Dv = 256. Time: median of --repeats calls (benchmarks/timing.measure). Peak
+Tq = Tk = 1024, A = 256, Dv = 256. Time: median of --repeats calls (benchmarks/lib/timing.py, measure). Peak
 memory: the resident-set growth at the call's peak, inputs excluded, measured once in a fresh child
-process (benchmarks/peak_rss.py).
+process (benchmarks/lib/peak_rss.py).
 
 The materializing formulation needs about 2·B·Tq·Tk·A·4 bytes forward and 3× that with the backward
 (16 GiB and 24 GiB at the default shape). When that does not fit in half of the available memory, it is
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import machine  # noqa: E402
 import reporting  # noqa: E402
 import timing  # noqa: E402

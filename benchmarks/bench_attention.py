@@ -51,7 +51,7 @@ there, ~20 min for its share alone (estimate from --quick rates: ~35-40 min in a
 Examples:
   python benchmarks/bench_attention.py --quick
   python benchmarks/bench_attention.py --batch 1 --seqlen 2048 --hkv 8 --dtype float32 --mode both
-  python benchmarks/bench_attention.py --out benchmarks/results/cpu_attention.md --json results.json
+  python benchmarks/bench_attention.py --out report.md --json report.json
   python benchmarks/bench_attention.py --device cuda --out benchmarks/results/h100_attention.md \\
       --json benchmarks/results/h100_attention.json
   python benchmarks/bench_attention.py --device cuda --quick --time-budget 120
@@ -67,7 +67,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import baselines  # noqa: E402
 import cli  # noqa: E402
 import machine  # noqa: E402

@@ -71,7 +71,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import baselines  # noqa: E402
 import cli  # noqa: E402
 import machine  # noqa: E402
@@ -421,8 +421,8 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
                  f"({cp:.0f} GB/s); ours % read = the same against the read bandwidth "
                  f"({run.ceilings['read']['gbps']:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
-                 f"work). ours[huge] = ours over a copy of the cache in transparent huge pages (how the attn_ops.nn "
-                 f"caches allocated before session 10). ours[nn] = ours over attn_ops.nn.KVCache's storage holding the same values "
+                 f"work). ours[huge] = ours over a copy of the cache in transparent huge pages (a BSHD "
+                 f"cache in huge pages). ours[nn] = ours over attn_ops.nn.KVCache's storage holding the same values "
                  f"(CPU: [B, Hkv, T, D] in huge pages, as transposed views). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
                  f"as a transposed view, read in place. ours[dense] = attn_ops.attention (the dense op) on those "
                  f"views, as transformers' generation calls it. paged16 / paged1 = ours over a paged cache with that block size "

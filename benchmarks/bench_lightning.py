@@ -20,23 +20,26 @@ Sections (defaults: float32, H 16, D 128, MiniMax's decay rates):
                (swap_minimax_attention + attn_implementation="attn_ops"), with the same-tokens check.
 
 Example (the committed CPU results):
-  python benchmarks/bench_lightning.py --out benchmarks/results/cpu_lightning.md \\
-      --json benchmarks/results/cpu_lightning.json --plot benchmarks/results/cpu_lightning_crossover.png
+  python benchmarks/bench_lightning.py --out benchmarks/results/xeon_lightning.md \\
+      --plot benchmarks/results/xeon_lightning_crossover.png
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
+import sys
 import time
 
 import torch
 
-import baselines
-import cli
-import machine
-import reporting
-import timing
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import baselines  # noqa: E402
+import cli  # noqa: E402
+import machine  # noqa: E402
+import reporting  # noqa: E402
+import timing  # noqa: E402
 
 attn_ops = machine.import_attn_ops()
 from attn_ops.integrations import transformers as hf  # noqa: E402

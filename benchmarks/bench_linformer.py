@@ -10,7 +10,7 @@ Predicted speed-up from the FLOP counts: full 4·T²·H·D; Linformer 4·T·P·H
 
 Time: --repeats interleaved rounds (full, then Linformer), minimum per implementation; speed-up: median
 over rounds of the per-round ratio. Peak memory: resident-set growth at the
-call's peak, inputs excluded, in a fresh child process (benchmarks/peak_rss.py). Writes a markdown
+call's peak, inputs excluded, in a fresh child process (benchmarks/lib/peak_rss.py). Writes a markdown
 table and a PNG plot (matplotlib).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import machine  # noqa: E402
 import reporting  # noqa: E402
 import peak_rss  # noqa: E402

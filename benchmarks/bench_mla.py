@@ -43,7 +43,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import baselines  # noqa: E402
 import cli  # noqa: E402
 import machine  # noqa: E402

@@ -61,7 +61,7 @@ Examples:
   python benchmarks/bench_models.py
   python benchmarks/bench_models.py --models llama deepseek_v3 --batch 1 --prompt-len 128 --new-tokens 8
   python benchmarks/bench_models.py --device cuda --batch 1 8 --prompt-len 2048
-  python benchmarks/bench_models.py --out benchmarks/results/cpu_models.md --json benchmarks/results/cpu_models.json
+  python benchmarks/bench_models.py --out benchmarks/results/epyc_avx2_models.md
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ import warnings
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import baselines  # noqa: E402
 import cli  # noqa: E402
 import machine  # noqa: E402

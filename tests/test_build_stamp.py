@@ -1,4 +1,4 @@
-"""benchmarks/build_stamp.py: the hash that decides whether gpu_check.sh may use a library built ahead."""
+"""benchmarks/gpu/build_stamp.py: the hash that decides whether gpu_check.sh may use a library built ahead."""
 
 import importlib.util
 import os
@@ -10,7 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def stamp_module():
-    spec = importlib.util.spec_from_file_location("build_stamp", os.path.join(ROOT, "benchmarks", "build_stamp.py"))
+    script = os.path.join(ROOT, "benchmarks", "gpu", "build_stamp.py")
+    spec = importlib.util.spec_from_file_location("build_stamp", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

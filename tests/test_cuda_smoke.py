@@ -1,5 +1,5 @@
 """CUDA smoke tests: a few small cases of every op family, fast enough to run under
-compute-sanitizer (benchmarks/gpu_check.sh runs this file under memcheck, and the test named
+compute-sanitizer (benchmarks/gpu/gpu_check.sh runs this file under memcheck, and the test named
 test_racecheck_attention under racecheck). Skipped without a GPU.
 
 The checks are the full test modules' own helpers (float64 reference, tolerance rule

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_probes.py, the GPU session's risk probes, on the CPU: the dry run at tiny sizes runs
+"""benchmarks/gpu/gpu_probes.py, the GPU session's risk probes, on the CPU: the dry run at tiny sizes runs
 every probe to the end with every check passing, and the harness reports a failing or raising check
 as such (so a GPU run's report can be trusted to show them)."""
 
@@ -10,7 +10,7 @@ import sys
 from types import SimpleNamespace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "gpu_probes.py")
+SCRIPT = os.path.join(REPO, "benchmarks", "gpu", "gpu_probes.py")
 
 
 def load_probes():

@@ -1,4 +1,4 @@
-"""benchmarks/native_backtrace.py, the GPU check's crash reporter: it names the native frame of a segfault and
+"""tools/native_backtrace.py, the GPU check's crash reporter: it names the native frame of a segfault and
 returns the shell's exit status for it."""
 import os
 import shutil
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "native_backtrace.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "native_backtrace.py")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("gcc") is None,
                                 reason="builds an LD_PRELOAD handler with gcc (Linux)")
 
