@@ -76,7 +76,7 @@ void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0,
 // such as HF's passed as a transposed view, or a paged pool of [num_blocks, Hkv, block_size, D] blocks), else all
 // of them. decode_rows keeps each head's q rows, output accumulators and tile scores hot while the cache streams
 // past; a core overlaps those reads with the arithmetic only while that hot set is well inside L1 (~16 KiB) and
-// the reads run in address order (benchmarks/micro/decode_hot_set.cpp). One head per item gives both where a
+// the reads run in address order (benchmarks/experiments/micro/decode_hot_set.cpp). One head per item gives both where a
 // head's rows are contiguous (B=32 bfloat16 measured 1.3x; paged pools 1.05-1.37x at block sizes 4-256); where
 // the heads of a key sit side by side (BSHD), address order needs all heads in one item, and one head per item
 // measured up to 1.4x slower (zen4_decode_overlap.md).
