@@ -60,8 +60,6 @@ def test_gqa_shard_types(group):
                for n in ("q_proj", "k_proj", "v_proj"))
     assert type(local.o_proj) is RowParallelLinear and local.group is group
     assert local.softmax_scale == 0.4 and "copy_input=False" in repr(local.q_proj)
-    with pytest.warns(FutureWarning, match="'tp_group' is deprecated .* use 'group'"):
-        assert local.tp_group is group
     check_same(full, local, torch.randn(2, 5, 32, dtype=F64))
     with pytest.raises(ValueError, match=r"^tensor_parallel: module is already a tensor-parallel shard \(a "
                                          r"TensorParallelGroupedQueryAttention\)"):

@@ -46,7 +46,6 @@ from torch import Tensor
 
 from .. import _huge_pages
 from .. import ops as _ops
-from .._deprecation import deprecated_arguments, renamed_attribute
 from ._common import check_positive, integer_values
 
 __all__ = ["KVCache", "PagedKVCache", "LatentKVCache", "PagedLatentKVCache", "OutOfBlocksError"]
@@ -281,8 +280,6 @@ class _PagedBase(_CacheBase):
     """The paged layout shared by :class:`PagedKVCache` and :class:`PagedLatentKVCache`: the block
     table, the host-side block allocator and the slot mapping (see :class:`PagedKVCache`)."""
 
-    max_batch = renamed_attribute("batch_size")
-
     def _init_paged(self, num_layers: int, num_blocks: int, block_size: int, batch_size: int,
                     max_blocks_per_seq: int, device) -> None:
         self.num_layers = check_positive("num_layers", num_layers)
@@ -439,8 +436,7 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
     blocks do not suffice, and ``RuntimeError`` when a row would need more than ``max_blocks_per_seq``
     blocks; in both cases nothing is assigned.
 
-    ``batch_size`` (rows of the block table; a forward may use the first ``B <= batch_size``) was
-    called ``max_batch``; that keyword and attribute are deprecated aliases.
+    ``batch_size``: rows of the block table; a forward may use the first ``B <= batch_size``.
 
     On the CPU, ``k[layer]`` / ``v[layer]`` are the ``.transpose(1, 2)`` views of ``[num_blocks, Hkv,
     block_size, D]`` tensors (same shape and values, other strides): within a block each KV head's rows are
@@ -448,7 +444,6 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
     the README's Zen 4, "CPU decode"). Elsewhere they are contiguous.
     """
 
-    @deprecated_arguments(renamed={"max_batch": "batch_size"})
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, batch_size: int, max_blocks_per_seq: int, *,
                  head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None):
@@ -524,14 +519,13 @@ class LatentKVCache(_ContiguousRows, _LatentCacheBase):
     (row ``[c_kv ; k_pe]``: the normalized latent ``c_kv`` and the rotated ``k_pe`` of each token) and
     ``seqlens`` (``int32 [batch_size]``), used by :class:`attn_ops.nn.MultiHeadLatentAttention`.
 
-    ``dtype`` / ``device`` are keyword-only (positional is deprecated). ``bytes_per_token`` is
+    ``dtype`` / ``device`` are keyword-only. ``bytes_per_token`` is
     ``num_layers * (kv_lora_rank + rope_dim) * element_size``, against
     ``num_layers * num_heads * (qk_nope + qk_rope + v_head_dim) * element_size`` for a K/V cache of the
     expanded heads (576 vs 40960 values per layer at DeepSeek-V3 size). Lengths, ``advance``,
     ``truncate``, ``free_rows``, ``reset`` as :class:`KVCache`.
     """
 
-    @deprecated_arguments(keyword_only=("dtype", "device"))
     def __init__(self, num_layers: int, batch_size: int, capacity: int, kv_lora_rank: int,
                  rope_dim: int, *, dtype: torch.dtype = torch.float32, device=None):
         self._init_rows(num_layers, batch_size, capacity, device)
@@ -564,10 +558,8 @@ class PagedLatentKVCache(_PagedBase, _LatentCacheBase):
     """Paged MLA cache: per layer ``latent [num_blocks, block_size, kv_lora_rank + rope_dim]``, with
     the block table and host-side allocator of :class:`PagedKVCache` (``reserve`` before each step,
     ``free_rows``, ``truncate``, ``reset``, :class:`OutOfBlocksError`). Any block size. ``dtype`` /
-    ``device`` are keyword-only (positional is deprecated); ``max_batch`` is a deprecated alias of
-    ``batch_size``."""
+    ``device`` are keyword-only."""
 
-    @deprecated_arguments(renamed={"max_batch": "batch_size"}, keyword_only=("dtype", "device"))
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_lora_rank: int,
                  rope_dim: int, batch_size: int, max_blocks_per_seq: int, *,
                  dtype: torch.dtype = torch.float32, device=None):

@@ -14,7 +14,6 @@ path (``q_a_proj -> RMSNorm -> q_b_proj``, or one ``q_proj``) and splits per hea
 """
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Optional, Tuple, Union
 
@@ -169,7 +168,7 @@ class MultiHeadLatentAttention(RotaryTables):
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, x: Tensor, positions: Optional[Tensor] = None,
                 cache: Optional[Union[LatentKVCache, PagedLatentKVCache]] = None,
-                layer_idx: int = 0, rope_tables: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
+                layer_idx: int = 0) -> Tensor:
         """``x [B, T, hidden] -> [B, T, hidden]``.
 
         Without a cache (training, full-sequence inference): ``positions`` (int ``[T]`` or ``[B, T]``)
@@ -186,16 +185,10 @@ class MultiHeadLatentAttention(RotaryTables):
         lengths by ``T``. Tensor ops only: a decode step compiles with ``fullgraph=True``. A paged
         cache needs ``cache.reserve(T)`` before the step.
 
-        ``rope_tables`` is deprecated (removed in the next release): rotary angles computed elsewhere
-        belong in a subclass that calls :meth:`_forward_with_tables`, as the DeepSeek adapter
-        (:class:`attn_ops.integrations.deepseek.DeepseekMLAAttention`) does.
+        Rotary angles computed elsewhere belong in a subclass that calls :meth:`_forward_with_tables`, as
+        the DeepSeek adapter (:class:`attn_ops.integrations.deepseek.DeepseekMLAAttention`) does.
         """
-        if rope_tables is not None and not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
-            warnings.warn("MultiHeadLatentAttention.forward: 'rope_tables' is deprecated and will be removed "
-                          "in the next release; subclass and call '_forward_with_tables' (as "
-                          "attn_ops.integrations.deepseek.DeepseekMLAAttention does)", FutureWarning,
-                          stacklevel=2)
-        return self._forward_with_tables(x, positions, cache, layer_idx, rope_tables)
+        return self._forward_with_tables(x, positions, cache, layer_idx)
 
     def _queries(self, x: Tensor) -> Tensor:
         """``q [B, T, H, nope + rope]`` of ``x [B, T, hidden]``."""

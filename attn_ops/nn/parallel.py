@@ -23,7 +23,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._deprecation import renamed_attribute
 from ..collectives import copy_to_ranks, reduce_from_ranks
 from .attention import GroupedQueryAttention
 from .mla import MultiHeadLatentAttention
@@ -105,8 +104,6 @@ class TensorParallelGroupedQueryAttention(GroupedQueryAttention):
     ``q_proj`` / ``k_proj`` / ``v_proj`` (this rank's heads), row-parallel ``o_proj``. The input is
     copied to the ranks once for the three projections. Made by :meth:`from_module`."""
 
-    tp_group = renamed_attribute("group")
-
     @classmethod
     def from_module(cls, module: GroupedQueryAttention, rank: int, world: int,
                     group) -> "TensorParallelGroupedQueryAttention":
@@ -152,8 +149,6 @@ class TensorParallelMultiHeadLatentAttention(MultiHeadLatentAttention):
     ``q_a_proj``, ``kv_a_proj_with_mqa`` and the two norms replicated. The latent ``c_kv`` and the
     rotary key ``k_pe`` feed this rank's heads only, so their gradients are summed over the ranks. The
     latent cache is replicated. Made by :meth:`from_module`."""
-
-    tp_group = renamed_attribute("group")
 
     @classmethod
     def from_module(cls, module: MultiHeadLatentAttention, rank: int, world: int,
