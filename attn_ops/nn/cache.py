@@ -46,7 +46,7 @@ from torch import Tensor
 
 from .. import _huge_pages
 from .. import ops as _ops
-from ._common import check_positive, integer_values
+from .._checks import check_positive, integer_values
 
 __all__ = ["KVCache", "PagedKVCache", "LatentKVCache", "PagedLatentKVCache", "OutOfBlocksError"]
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from ._common import check_positive, is_integer_dtype
+from .._checks import check_positive, is_integer_dtype
 
 __all__ = ["LightningAttention", "LinearAttentionState", "OutOfSlotsError", "minimax_slope_rate"]
 

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from ._common import RotaryTables, check_positive, positions_for, rotate
+from .._checks import check_positive
+from ._rotary import RotaryTables, positions_for, rotate
 from .cache import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
 
 __all__ = ["MultiHeadLatentAttention"]
