@@ -8,7 +8,9 @@
   cache for inference.
 * :class:`KVCache` (contiguous) and :class:`PagedKVCache` (paged, with a block allocator): the caches
   a multi-layer model passes to every attention layer during generation; :class:`LatentKVCache` and
-  :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token).
+  :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token). They,
+  :class:`LinearAttentionState` and the errors ``OutOfBlocksError`` / ``OutOfSlotsError`` are defined in
+  :mod:`attn_ops.caches` and re-exported here.
 * :class:`LinformerSelfAttention`: Linformer (keys/values projected along the sequence, linear in T).
 * :class:`AdditiveAttention`: Bahdanau attention on the fused additive_attention op.
 * :mod:`attn_ops.nn.parallel`: tensor-parallel linear layers and attention modules.
@@ -16,11 +18,13 @@
   ``MiniMaxLightningAttention`` parameter names); :class:`LinearAttentionState` is its recurrent-state pool.
 """
 from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
-from .cache import KVCache, LatentKVCache, OutOfBlocksError, PagedKVCache, PagedLatentKVCache
 from .mla import MultiHeadLatentAttention
-from .lightning import LightningAttention, LinearAttentionState, OutOfSlotsError
+from .lightning import LightningAttention
 from .additive import AdditiveAttention
 from .linformer import LinformerSelfAttention
+# the caches live in attn_ops.caches; users import them from here too
+from ..caches import (KVCache, LatentKVCache, LinearAttentionState, OutOfBlocksError, OutOfSlotsError,
+                      PagedKVCache, PagedLatentKVCache)
 
 __all__ = [
     "GroupedQueryAttention",

@@ -1,6 +1,6 @@
 """Attention modules built on the attn_ops operators: grouped-query (GQA), multi-query (MQA) and
 multi-head (MHA) self-attention with rotary position embeddings, for training and for cached
-inference (:mod:`attn_ops.nn.cache`).
+inference (the caches of :mod:`attn_ops.caches`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .. import ops as _ops
 from .._checks import check_positive
 from ._rotary import RotaryTables, positions_for, rotate
-from .cache import KVCache, PagedKVCache
+from ..caches import KVCache, PagedKVCache
 
 __all__ = ["GroupedQueryAttention", "MultiQueryAttention", "MultiHeadAttention"]
 

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from .. import ops as _ops
 from .._checks import check_positive
 from ._rotary import RotaryTables, positions_for, rotate
-from .cache import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
+from ..caches.latent import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
 
 __all__ = ["MultiHeadLatentAttention"]
 
