@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .. import ops as _ops
 from .._checks import check_positive
 from ..caches import LinearAttentionState
+from ._norm import _RMSNorm
 
 __all__ = ["LightningAttention", "minimax_slope_rate"]
 
@@ -33,20 +34,6 @@ def minimax_slope_rate(num_heads: int, layer_idx: int, num_layers: int) -> Tenso
     base = 1 / (2 ** (8 / num_heads))
     factor = 1 - layer_idx / (num_layers - 1 + 1e-5) + 1e-5
     return (base ** (torch.arange(num_heads) + 1)) * factor
-
-
-class _RMSNorm(nn.Module):
-    """RMS norm over the last dim, computed in float32 (MiniMax's ``MiniMaxRMSNorm``)."""
-
-    def __init__(self, size: int, eps: float = 1e-6, device=None, dtype=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype))
-        self.variance_epsilon = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * y.to(x.dtype)
 
 
 class LightningAttention(nn.Module):
@@ -78,7 +65,7 @@ class LightningAttention(nn.Module):
         self.block_size = block_size
         inner = num_heads * self.head_dim
         self.act_fn = _activation(hidden_act)
-        self.norm = _RMSNorm(inner, eps, **kw)
+        self.norm = _RMSNorm(inner, eps, compute_dtype=torch.float32, **kw)
         self.qkv_proj = nn.Linear(hidden_size, 3 * inner, bias=False, **kw)
         self.out_proj = nn.Linear(inner, hidden_size, bias=False, **kw)
         self.output_gate = nn.Linear(hidden_size, inner, bias=False, **kw)

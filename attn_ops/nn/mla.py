@@ -22,28 +22,11 @@ from torch import Tensor, nn
 
 from .. import ops as _ops
 from .._checks import check_positive
+from ._norm import _RMSNorm
 from ._rotary import RotaryTables, positions_for, rotate
 from ..caches.latent import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
 
 __all__ = ["MultiHeadLatentAttention"]
-
-
-class _RMSNorm(nn.Module):
-    """HuggingFace ``DeepseekV3RMSNorm``: normalize in float32 (float64 for float64 inputs), round to
-    the input dtype, then scale by ``weight``."""
-
-    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
-        self.variance_epsilon = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 
 
 class MultiHeadLatentAttention(RotaryTables):
