@@ -6,9 +6,8 @@ Importing the package loads the compiled operator library, which registers ``tor
 import torch  # noqa: F401  (the operator library links against torch's libraries)
 
 from . import _C  # noqa: F401  (registers the operators)
-from . import distributed, nn, training
-from .distributed import tensor_parallel
-from .merge import merge_attention_partials
+from . import nn, parallel, training
+from .parallel import merge_attention_partials, tensor_parallel
 from .ops import (
     additive_attention,
     attention,
@@ -27,7 +26,7 @@ from .ops import (
 
 __all__ = [
     "nn",
-    "distributed",
+    "parallel",
     "training",
     "additive_attention",
     "merge_attention_partials",
@@ -52,9 +51,7 @@ from . import flash_attn_interface  # noqa: E402
 
 __all__ += ["flash_attn_interface"]
 
-# Differentiable collectives of the tensor-parallel layers (attn_ops/collectives.py), and the backward
-# ops of the additive and lightning families (every schema reachable from Python).
-from . import collectives  # noqa: E402
+# The backward ops of the additive and lightning families (every schema reachable from Python).
 from .ops import additive_attention_backward, lightning_attention_backward  # noqa: E402
 
-__all__ += ["collectives", "additive_attention_backward", "lightning_attention_backward"]
+__all__ += ["additive_attention_backward", "lightning_attention_backward"]

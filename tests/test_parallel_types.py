@@ -1,4 +1,4 @@
-"""The tensor-parallel types of attn_ops.nn.parallel in one process (a gloo group of one rank): what
+"""The tensor-parallel types of attn_ops.parallel in one process (a gloo group of one rank): what
 tensor_parallel returns, its layer types, and that a shard of the whole group computes what the full
 module does. The multi-rank behaviour (sharded heads, gradients) is tests/test_distributed.py's."""
 import socket
@@ -9,8 +9,8 @@ import torch.distributed as dist
 
 import attn_ops
 from attn_ops.nn import GroupedQueryAttention, MultiHeadLatentAttention
-from attn_ops.nn.parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,
-                                  TensorParallelMultiHeadLatentAttention)
+from attn_ops.parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,
+                               TensorParallelMultiHeadLatentAttention)
 from model_helpers import randomize_vectors
 from rope_reference import (assert_table_from_formula, cos_sin_formula, cos_sin_of, yarn_attention_factor,
                             yarn_inv_freq)

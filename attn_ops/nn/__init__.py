@@ -13,7 +13,9 @@
   :mod:`attn_ops.caches` and re-exported here.
 * :class:`LinformerSelfAttention`: Linformer (keys/values projected along the sequence, linear in T).
 * :class:`AdditiveAttention`: Bahdanau attention on the fused additive_attention op.
-* :mod:`attn_ops.nn.parallel`: tensor-parallel linear layers and attention modules.
+* :class:`ColumnParallelLinear`, :class:`RowParallelLinear`, :class:`TensorParallelGroupedQueryAttention`,
+  :class:`TensorParallelMultiHeadLatentAttention`: the tensor-parallel layers and modules
+  (what :func:`attn_ops.tensor_parallel` returns), defined in :mod:`attn_ops.parallel`.
 * :class:`LightningAttention`: MiniMax-Text-01's linear-attention layer (transformers'
   ``MiniMaxLightningAttention`` parameter names); :class:`LinearAttentionState` is its recurrent-state pool.
 """
@@ -43,10 +45,9 @@ __all__ = [
     "AdditiveAttention",
 ]
 
-# Tensor-parallel layers and modules (what attn_ops.distributed.tensor_parallel returns).
-from . import parallel  # noqa: E402
-from .parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,  # noqa: E402
-                       TensorParallelMultiHeadLatentAttention)
+# Tensor-parallel layers and modules (what attn_ops.tensor_parallel returns), defined in attn_ops.parallel.
+from ..parallel.layers import (ColumnParallelLinear, RowParallelLinear,  # noqa: E402
+                               TensorParallelGroupedQueryAttention, TensorParallelMultiHeadLatentAttention)
 
 __all__ += ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelGroupedQueryAttention",
             "TensorParallelMultiHeadLatentAttention"]

@@ -47,7 +47,7 @@ class GroupedQueryAttention(RotaryTables):
         softmax_scale: logit scale, default ``1 / sqrt(head_dim)`` (keyword-only; HF's ``scaling``).
 
     :meth:`from_linear` wraps a model's existing projections (docs/module_swap.md);
-    :func:`attn_ops.distributed.tensor_parallel` shards the heads over ranks (docs/distributed.md).
+    :func:`attn_ops.tensor_parallel` shards the heads over ranks (docs/distributed.md).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,

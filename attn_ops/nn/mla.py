@@ -58,8 +58,8 @@ class MultiHeadLatentAttention(RotaryTables):
         rms_norm_eps: epsilon of the two RMSNorms (HF uses its default 1e-6 for them).
 
     Tensor parallel (heads sharded over ranks, latent cache replicated):
-    :func:`attn_ops.distributed.tensor_parallel` gives a
-    :class:`~attn_ops.nn.parallel.TensorParallelMultiHeadLatentAttention` (docs/distributed.md).
+    :func:`attn_ops.tensor_parallel` gives a
+    :class:`~attn_ops.nn.TensorParallelMultiHeadLatentAttention` (docs/distributed.md).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, q_lora_rank: Optional[int], kv_lora_rank: int,

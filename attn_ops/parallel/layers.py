@@ -5,13 +5,13 @@ modules (:class:`~attn_ops.nn.GroupedQueryAttention`, :class:`~attn_ops.nn.Multi
 know nothing about ranks:
 
 * :class:`ColumnParallelLinear`: a slice of a layer's output features; with ``copy_input`` its input
-  passes through :func:`~attn_ops.collectives.copy_to_ranks` (``f``: the gradient of a replicated
+  passes through :func:`~attn_ops.parallel.copy_to_ranks` (``f``: the gradient of a replicated
   input is summed over the ranks, each of which only covers its own features).
 * :class:`RowParallelLinear`: a slice of a layer's input features; the partial products are summed
   over the ranks (``g``, one all-reduce) and the replicated bias is added once, after the sum.
 * :class:`TensorParallelGroupedQueryAttention`, :class:`TensorParallelMultiHeadLatentAttention`: the
   attention modules with their heads sharded, built by :meth:`from_module` (what
-  :func:`attn_ops.distributed.tensor_parallel` calls).
+  :func:`attn_ops.tensor_parallel` calls).
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..collectives import copy_to_ranks, reduce_from_ranks
-from .attention import GroupedQueryAttention
-from .mla import MultiHeadLatentAttention
+from ..nn.attention import GroupedQueryAttention
+from ..nn.mla import MultiHeadLatentAttention
+from .collectives import copy_to_ranks, reduce_from_ranks
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelGroupedQueryAttention",
            "TensorParallelMultiHeadLatentAttention"]
@@ -108,7 +108,7 @@ class TensorParallelGroupedQueryAttention(GroupedQueryAttention):
     def from_module(cls, module: GroupedQueryAttention, rank: int, world: int,
                     group) -> "TensorParallelGroupedQueryAttention":
         """Rank ``rank`` of ``world``'s shard of ``module`` (copies of its heads' weights; see
-        :func:`attn_ops.distributed.tensor_parallel` for the split and its checks)."""
+        :func:`attn_ops.tensor_parallel` for the split and its checks)."""
         Hq, Hkv, D = module.num_heads, module.num_kv_heads, module.head_dim
         if Hkv % world == 0:
             kv_local, kv_start, replicated = Hkv // world, rank * (Hkv // world), False
