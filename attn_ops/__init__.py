@@ -6,7 +6,7 @@ Importing the package loads the compiled operator library, which registers ``tor
 import torch  # noqa: F401  (the operator library links against torch's libraries)
 
 from . import _C  # noqa: F401  (registers the operators)
-from . import nn, parallel, training
+from . import ghost_attention, nn, parallel
 from .parallel import merge_attention_partials, tensor_parallel
 from .ops import (
     additive_attention,
@@ -27,7 +27,7 @@ from .ops import (
 __all__ = [
     "nn",
     "parallel",
-    "training",
+    "ghost_attention",
     "additive_attention",
     "merge_attention_partials",
     "tensor_parallel",
