@@ -15,6 +15,8 @@ from typing import Dict, List, Mapping, Sequence
 
 import torch
 
+__all__ = ["IGNORE_INDEX", "ghost_attention_sample", "ghost_attention_sampling_messages"]
+
 IGNORE_INDEX = -100  # label value that torch.nn.functional.cross_entropy (and HF models) skip
 
 _TRAIN_TURNS = ("last", "all")

@@ -19,35 +19,36 @@
 * :class:`LightningAttention`: MiniMax-Text-01's linear-attention layer (transformers'
   ``MiniMaxLightningAttention`` parameter names); :class:`LinearAttentionState` is its recurrent-state pool.
 """
-from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
-from .mla import MultiHeadLatentAttention
-from .lightning import LightningAttention
-from .additive import AdditiveAttention
-from .linformer import LinformerSelfAttention
-# the caches live in attn_ops.caches; users import them from here too
 from ..caches import (KVCache, LatentKVCache, LinearAttentionState, OutOfBlocksError, OutOfSlotsError,
                       PagedKVCache, PagedLatentKVCache)
+from ..parallel.layers import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,
+                               TensorParallelMultiHeadLatentAttention)
+from .additive import AdditiveAttention
+from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from .lightning import LightningAttention
+from .linformer import LinformerSelfAttention
+from .mla import MultiHeadLatentAttention
 
 __all__ = [
+    # modules
     "GroupedQueryAttention",
     "MultiQueryAttention",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
+    "LightningAttention",
+    "LinformerSelfAttention",
+    "AdditiveAttention",
+    # caches (attn_ops.caches)
     "KVCache",
     "PagedKVCache",
     "LatentKVCache",
     "PagedLatentKVCache",
     "OutOfBlocksError",
-    "LightningAttention",
     "LinearAttentionState",
     "OutOfSlotsError",
-    "LinformerSelfAttention",
-    "AdditiveAttention",
+    # tensor-parallel layers and modules (attn_ops.parallel)
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "TensorParallelGroupedQueryAttention",
+    "TensorParallelMultiHeadLatentAttention",
 ]
-
-# Tensor-parallel layers and modules (what attn_ops.tensor_parallel returns), defined in attn_ops.parallel.
-from ..parallel.layers import (ColumnParallelLinear, RowParallelLinear,  # noqa: E402
-                               TensorParallelGroupedQueryAttention, TensorParallelMultiHeadLatentAttention)
-
-__all__ += ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelGroupedQueryAttention",
-            "TensorParallelMultiHeadLatentAttention"]
