@@ -22,7 +22,7 @@ from torch import Tensor
 
 from . import ops
 from ._flash_attn_kvcache import FP8, kvcache_step, last_dim_contiguous, with_qv
-from .merge import merge_attention_partials
+from .parallel.merge import merge_attention_partials
 
 __all__ = [
     "flash_attn_combine",

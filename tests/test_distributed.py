@@ -1,4 +1,4 @@
-"""attn_ops.distributed: the LSE merge of attention partials and tensor-parallel attention modules.
+"""attn_ops.parallel: the LSE merge of attention partials and tensor-parallel attention modules.
 
 * In process: merge_attention_partials of attn_ops.attention over key shards (causal splits where
   some rows see no key in a shard, rows with no key at all, varlen) against the float64 reference
@@ -27,11 +27,10 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import attn_ops
-from attn_ops.distributed import (merge_attention_partials, merge_attention_partials_across_ranks,
-                                  tensor_parallel)
+from attn_ops.parallel import (ColumnParallelLinear, RowParallelLinear, merge_attention_partials,
+                               merge_attention_partials_across_ranks, tensor_parallel)
 from attn_ops.nn import (GroupedQueryAttention, KVCache, LatentKVCache, MultiHeadLatentAttention,
                          PagedKVCache)
-from attn_ops.nn.parallel import ColumnParallelLinear, RowParallelLinear
 from reference import accumulation_dtype, assert_close_to_ref, attention_ref, cu_seqlens, same_dtype_ref
 from rope_reference import assert_table_from_formula, cos_sin_formula
 

@@ -1,11 +1,11 @@
-"""attn_ops.training.ghost_attention_sample: a tokenizer built here from a small word-level vocabulary
+"""attn_ops.ghost_attention.ghost_attention_sample: a tokenizer built here from a small word-level vocabulary
 (no download), with a chat template that marks each turn; expected tokens written out by hand."""
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from attn_ops.training import IGNORE_INDEX, ghost_attention_sample, ghost_attention_sampling_messages
+from attn_ops.ghost_attention import IGNORE_INDEX, ghost_attention_sample, ghost_attention_sampling_messages
 
 WORDS = ("<pad> <unk> <s> </s> <|system|> <|user|> <|assistant|> <|end|> be brief speak french "
          "hello hi how are you fine thanks bye bonjour salut merci").split()

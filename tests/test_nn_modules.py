@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import attn_ops
 from attn_ops.nn import (GroupedQueryAttention, KVCache, MultiHeadAttention, MultiHeadLatentAttention,
                          MultiQueryAttention, OutOfBlocksError, PagedKVCache)
 from reference import assert_close_to_ref
@@ -221,6 +222,27 @@ def test_explicit_positions(dtype, device):
             ref64 = r64(x.double(), cos, sin, posb)
             same = reference("qwen2_bias", mod, dtype, device)[0](x, cos, sin, posb)
         assert_close_to_ref(out, ref64, same, name="out")
+
+
+def test_gqa_softmax_scale():
+    """softmax_scale (one name in every attention module) reaches the op, uncached and cached. The rotary
+    tables are the formula's for the constructor's rope_theta, not the module's buffers."""
+    torch.manual_seed(0)
+    mod = GroupedQueryAttention(32, 4, 2, dtype=torch.float64, softmax_scale=0.3, rope_theta=1e6)
+    assert mod.softmax_scale == 0.3 and "softmax_scale=0.3" in repr(mod)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    q = mod.q_proj(x).view(2, 5, 4, 8)
+    k, v = (p(x).view(2, 5, 2, 8) for p in (mod.k_proj, mod.v_proj))
+    pos = torch.arange(5).expand(2, 5)
+    cos, sin = cos_sin_formula(5, 8, 1e6)
+    q, k = (attn_ops.rotary_embedding(t, cos, sin, pos) for t in (q, k))
+    ref, _ = attn_ops.attention(q, k, v, scale=0.3, causal=True)
+    ref = mod.o_proj(ref.reshape(2, 5, 32))
+    torch.testing.assert_close(mod(x), ref, rtol=1e-12, atol=1e-12)
+    cache = KVCache(1, 2, 5, 2, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(mod(x, cache=cache), ref, rtol=1e-12, atol=1e-12)
+    assert GroupedQueryAttention(32, 4, 2).softmax_scale == 1.0 / 8 ** 0.5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=["f32", "f64", "f16"])

@@ -1,4 +1,4 @@
-"""The tensor-parallel types of attn_ops.nn.parallel in one process (a gloo group of one rank): what
+"""The tensor-parallel types of attn_ops.parallel in one process (a gloo group of one rank): what
 tensor_parallel returns, its layer types, and that a shard of the whole group computes what the full
 module does. The multi-rank behaviour (sharded heads, gradients) is tests/test_distributed.py's."""
 import socket
@@ -9,8 +9,8 @@ import torch.distributed as dist
 
 import attn_ops
 from attn_ops.nn import GroupedQueryAttention, MultiHeadLatentAttention
-from attn_ops.nn.parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,
-                                  TensorParallelMultiHeadLatentAttention)
+from attn_ops.parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,
+                               TensorParallelMultiHeadLatentAttention)
 from model_helpers import randomize_vectors
 from rope_reference import (assert_table_from_formula, cos_sin_formula, cos_sin_of, yarn_attention_factor,
                             yarn_inv_freq)
@@ -60,8 +60,6 @@ def test_gqa_shard_types(group):
                for n in ("q_proj", "k_proj", "v_proj"))
     assert type(local.o_proj) is RowParallelLinear and local.group is group
     assert local.softmax_scale == 0.4 and "copy_input=False" in repr(local.q_proj)
-    with pytest.warns(FutureWarning, match="'tp_group' is deprecated .* use 'group'"):
-        assert local.tp_group is group
     check_same(full, local, torch.randn(2, 5, 32, dtype=F64))
     with pytest.raises(ValueError, match=r"^tensor_parallel: module is already a tensor-parallel shard \(a "
                                          r"TensorParallelGroupedQueryAttention\)"):

@@ -4,7 +4,7 @@
 loaded model with a :class:`DeepseekMLAAttention` (a :class:`attn_ops.nn.MultiHeadLatentAttention`
 with transformers' attention signature) that takes over the layer's projection and norm modules
 themselves: the same parameter tensors, the same ``state_dict`` names. With a
-:class:`~attn_ops.integrations.deepseek_cache.DeepseekLatentCache` (made automatically wherever
+:class:`~attn_ops.caches.deepseek.DeepseekLatentCache` (made automatically wherever
 transformers would make a ``DynamicCache``, ``generate()`` included) a forward appends each token's
 ``[c_kv ; k_pe]`` latent row and attends in the absorbed form (:func:`attn_ops.mla_decode`), so no
 per-head K/V is ever expanded; without a cache (``use_cache=False``) it runs the expanded,
@@ -32,7 +32,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Atten
 
 from .. import ops as _ops
 from ..nn import MultiHeadLatentAttention
-from .deepseek_cache import DeepseekLatentCache
+from ..caches.deepseek import DeepseekLatentCache
 
 __all__ = ["swap_deepseek_attention", "DeepseekMLAAttention", "DeepseekLatentCache"]
 

@@ -8,41 +8,47 @@
   cache for inference.
 * :class:`KVCache` (contiguous) and :class:`PagedKVCache` (paged, with a block allocator): the caches
   a multi-layer model passes to every attention layer during generation; :class:`LatentKVCache` and
-  :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token).
+  :class:`PagedLatentKVCache` are their MLA counterparts (one ``[c_kv ; k_pe]`` row per token). They,
+  :class:`LinearAttentionState` and the errors ``OutOfBlocksError`` / ``OutOfSlotsError`` are defined in
+  :mod:`attn_ops.caches` and re-exported here.
 * :class:`LinformerSelfAttention`: Linformer (keys/values projected along the sequence, linear in T).
 * :class:`AdditiveAttention`: Bahdanau attention on the fused additive_attention op.
-* :mod:`attn_ops.nn.parallel`: tensor-parallel linear layers and attention modules.
+* :class:`ColumnParallelLinear`, :class:`RowParallelLinear`, :class:`TensorParallelGroupedQueryAttention`,
+  :class:`TensorParallelMultiHeadLatentAttention`: the tensor-parallel layers and modules
+  (what :func:`attn_ops.tensor_parallel` returns), defined in :mod:`attn_ops.parallel`.
 * :class:`LightningAttention`: MiniMax-Text-01's linear-attention layer (transformers'
   ``MiniMaxLightningAttention`` parameter names); :class:`LinearAttentionState` is its recurrent-state pool.
 """
-from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
-from .cache import KVCache, LatentKVCache, OutOfBlocksError, PagedKVCache, PagedLatentKVCache
-from .mla import MultiHeadLatentAttention
-from .lightning import LightningAttention, LinearAttentionState, OutOfSlotsError
+from ..caches import (KVCache, LatentKVCache, LinearAttentionState, OutOfBlocksError, OutOfSlotsError,
+                      PagedKVCache, PagedLatentKVCache)
+from ..parallel.layers import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,
+                               TensorParallelMultiHeadLatentAttention)
 from .additive import AdditiveAttention
+from .attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from .lightning import LightningAttention
 from .linformer import LinformerSelfAttention
+from .mla import MultiHeadLatentAttention
 
 __all__ = [
+    # modules
     "GroupedQueryAttention",
     "MultiQueryAttention",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
+    "LightningAttention",
+    "LinformerSelfAttention",
+    "AdditiveAttention",
+    # caches (attn_ops.caches)
     "KVCache",
     "PagedKVCache",
     "LatentKVCache",
     "PagedLatentKVCache",
     "OutOfBlocksError",
-    "LightningAttention",
     "LinearAttentionState",
     "OutOfSlotsError",
-    "LinformerSelfAttention",
-    "AdditiveAttention",
+    # tensor-parallel layers and modules (attn_ops.parallel)
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "TensorParallelGroupedQueryAttention",
+    "TensorParallelMultiHeadLatentAttention",
 ]
-
-# Tensor-parallel layers and modules (what attn_ops.distributed.tensor_parallel returns).
-from . import parallel  # noqa: E402
-from .parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelGroupedQueryAttention,  # noqa: E402
-                       TensorParallelMultiHeadLatentAttention)
-
-__all__ += ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelGroupedQueryAttention",
-            "TensorParallelMultiHeadLatentAttention"]

@@ -1,6 +1,6 @@
 """Attention modules built on the attn_ops operators: grouped-query (GQA), multi-query (MQA) and
 multi-head (MHA) self-attention with rotary position embeddings, for training and for cached
-inference (:mod:`attn_ops.nn.cache`).
+inference (the caches of :mod:`attn_ops.caches`).
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from .._deprecation import deprecated_arguments, renamed_attribute
-from ._common import RotaryTables, check_positive, positions_for, rotate
-from .cache import KVCache, PagedKVCache
+from .._checks import check_positive
+from ._rotary import RotaryTables, positions_for, rotate
+from ..caches import KVCache, PagedKVCache
 
 __all__ = ["GroupedQueryAttention", "MultiQueryAttention", "MultiHeadAttention"]
 
@@ -38,7 +38,7 @@ class GroupedQueryAttention(RotaryTables):
     ``i - W < j <= i``), i.e. the ops' ``window_left = W - 1``. ``None`` is unbounded.
 
     Args:
-        hidden_size: model width ``E`` (``embed_dim``, its old name, is deprecated).
+        hidden_size: model width ``E``.
         num_heads, num_kv_heads: query and key/value heads (``num_heads % num_kv_heads == 0``).
         head_dim: defaults to ``hidden_size // num_heads``; must be even.
         bias: bias on ``q_proj`` / ``k_proj`` / ``v_proj``.
@@ -47,12 +47,9 @@ class GroupedQueryAttention(RotaryTables):
         softmax_scale: logit scale, default ``1 / sqrt(head_dim)`` (keyword-only; HF's ``scaling``).
 
     :meth:`from_linear` wraps a model's existing projections (docs/module_swap.md);
-    :func:`attn_ops.distributed.tensor_parallel` shards the heads over ranks (docs/distributed.md).
+    :func:`attn_ops.tensor_parallel` shards the heads over ranks (docs/distributed.md).
     """
 
-    embed_dim = renamed_attribute("hidden_size")
-
-    @deprecated_arguments(renamed={"embed_dim": "hidden_size"})
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,
                  bias: bool = False, rope_theta: float = 10000.0, sliding_window: Optional[int] = None,
                  rope_interleaved: bool = False, max_position_embeddings: int = 4096, device=None,
@@ -195,7 +192,6 @@ class GroupedQueryAttention(RotaryTables):
 class MultiQueryAttention(GroupedQueryAttention):
     """:class:`GroupedQueryAttention` with one key/value head shared by all query heads (MQA)."""
 
-    @deprecated_arguments(renamed={"embed_dim": "hidden_size"})
     def __init__(self, hidden_size: int, num_heads: int, head_dim: Optional[int] = None, **kwargs):
         super().__init__(hidden_size, num_heads, 1, head_dim, **kwargs)
 
@@ -203,6 +199,5 @@ class MultiQueryAttention(GroupedQueryAttention):
 class MultiHeadAttention(GroupedQueryAttention):
     """:class:`GroupedQueryAttention` with one key/value head per query head (MHA)."""
 
-    @deprecated_arguments(renamed={"embed_dim": "hidden_size"})
     def __init__(self, hidden_size: int, num_heads: int, head_dim: Optional[int] = None, **kwargs):
         super().__init__(hidden_size, num_heads, num_heads, head_dim, **kwargs)

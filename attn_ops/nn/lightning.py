@@ -1,4 +1,4 @@
-"""Lightning attention module (MiniMax-Text-01's linear-attention layer) and its recurrent-state pool.
+"""Lightning attention module (MiniMax-Text-01's linear-attention layer).
 
 * :class:`LightningAttention`: ``qkv_proj`` -> activation -> per-head lightning attention with a fixed
   per-head decay (``slope_rate``) -> RMS ``norm`` -> ``sigmoid(output_gate(x))`` gate -> ``out_proj``, with
@@ -6,29 +6,26 @@
   state it runs :func:`attn_ops.lightning_attention` (differentiable, training and prefill); with a state
   pool it advances the pool in place with :func:`attn_ops.lightning_attention_decode_` (decode, chunked
   prefill, speculative verification).
-* :class:`LinearAttentionState`: the cache of this family, one ``[num_slots, H, Dk, Dv]`` float32 pool per
-  layer, with host-side slot allocation, reset and reorder (beam search).
+* Its cache, :class:`~attn_ops.caches.LinearAttentionState` (one ``[num_slots, H, Dk, Dv]`` float32 pool per
+  layer), lives in :mod:`attn_ops.caches`.
 """
 from __future__ import annotations
 
-from collections import Counter
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from ._common import check_positive, is_integer_dtype
+from .._checks import check_positive
+from ..caches import LinearAttentionState
+from ._norm import _RMSNorm
 
-__all__ = ["LightningAttention", "LinearAttentionState", "OutOfSlotsError", "minimax_slope_rate"]
+__all__ = ["LightningAttention", "minimax_slope_rate"]
 
 # Buffers of transformers' module that this one derives on the fly (dropped when a state dict is loaded).
 _DERIVED_BUFFERS = ("query_decay", "key_decay", "diagonal_decay")
-
-
-class OutOfSlotsError(RuntimeError):
-    """:meth:`LinearAttentionState.allocate` found fewer free slots than requested."""
 
 
 def minimax_slope_rate(num_heads: int, layer_idx: int, num_layers: int) -> Tensor:
@@ -37,20 +34,6 @@ def minimax_slope_rate(num_heads: int, layer_idx: int, num_layers: int) -> Tenso
     base = 1 / (2 ** (8 / num_heads))
     factor = 1 - layer_idx / (num_layers - 1 + 1e-5) + 1e-5
     return (base ** (torch.arange(num_heads) + 1)) * factor
-
-
-class _RMSNorm(nn.Module):
-    """RMS norm over the last dim, computed in float32 (MiniMax's ``MiniMaxRMSNorm``)."""
-
-    def __init__(self, size: int, eps: float = 1e-6, device=None, dtype=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype))
-        self.variance_epsilon = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * y.to(x.dtype)
 
 
 class LightningAttention(nn.Module):
@@ -82,7 +65,7 @@ class LightningAttention(nn.Module):
         self.block_size = block_size
         inner = num_heads * self.head_dim
         self.act_fn = _activation(hidden_act)
-        self.norm = _RMSNorm(inner, eps, **kw)
+        self.norm = _RMSNorm(inner, eps, compute_dtype=torch.float32, **kw)
         self.qkv_proj = nn.Linear(hidden_size, 3 * inner, bias=False, **kw)
         self.out_proj = nn.Linear(inner, hidden_size, bias=False, **kw)
         self.output_gate = nn.Linear(hidden_size, inner, bias=False, **kw)
@@ -133,101 +116,3 @@ def _activation(name: str):
     if name not in table:
         raise ValueError(f"hidden_act must be one of {sorted(table)}, got {name!r}")
     return table[name]
-
-
-class LinearAttentionState:
-    """Recurrent states of the linear-attention layers of a model: ``states[i]`` is layer ``i``'s pool
-    ``[num_slots, H, Dk, Dv]``.
-
-    A sequence owns one slot (the same in every layer). :meth:`allocate` hands out zeroed slots, :meth:`free`
-    returns them, :meth:`reset` zeroes them, :meth:`reorder` copies states between slots (beam search: every
-    beam takes its parent's state). These are host-side calls between steps; the steps themselves only pass
-    ``layer(i)`` and an int32 ``state_indices`` to the ops, which trace under ``torch.compile(fullgraph=True)``.
-
-    Each layer's pool is a tensor of its own, not a view into one ``[num_layers, ...]`` tensor: under
-    ``torch.compile(dynamic=True)``, Inductor (torch 2.14) writes an in-place op's output that is a view with a
-    storage offset at the start of its base instead, which would make every layer advance layer 0's states.
-    """
-
-    def __init__(self, num_layers: int, num_slots: int, num_heads: int, head_dim: int,
-                 head_dim_v: Optional[int] = None, *, dtype: torch.dtype = torch.float32, device=None):
-        check_positive("num_layers", num_layers)
-        head_dim_v = head_dim if head_dim_v is None else head_dim_v
-        shape = (check_positive("num_slots", num_slots), check_positive("num_heads", num_heads),
-                 check_positive("head_dim", head_dim), check_positive("head_dim_v", head_dim_v))
-        self.states: List[Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self._free = list(range(num_slots))
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.states)
-
-    @property
-    def num_slots(self) -> int:
-        return self.states[0].shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.states[0].device
-
-    def layer(self, layer_idx: int) -> Tensor:
-        """Layer ``layer_idx``'s pool ``[num_slots, H, Dk, Dv]`` (updated in place by the ops)."""
-        return self.states[layer_idx]
-
-    def allocate(self, n: int) -> Tensor:
-        """``n`` free slots, zeroed, as int32 ``[n]`` (on the states' device)."""
-        check_positive("n", n, minimum=0)
-        if n > len(self._free):
-            raise OutOfSlotsError(f"LinearAttentionState.allocate: {n} slots requested, {len(self._free)} free "
-                                  f"of {self.num_slots}")
-        slots, self._free = self._free[:n], self._free[n:]
-        out = torch.tensor(slots, dtype=torch.int32, device=self.device)
-        self.reset(out)
-        return out
-
-    def free(self, slots: Union[Sequence[int], Tensor]) -> None:
-        """Return ``slots`` to the free list (their states are zeroed when allocated again)."""
-        slots = [int(s) for s in (slots.tolist() if isinstance(slots, Tensor) else slots)]
-        repeated = sorted(s for s, n in Counter(slots).items() if n > 1)
-        if repeated:  # freed twice, a slot would later be handed to two sequences
-            raise ValueError(f"LinearAttentionState.free: slots {repeated} are given more than once")
-        taken = set(range(self.num_slots)) - set(self._free)
-        bad = [s for s in slots if s not in taken]
-        if bad:
-            raise ValueError(f"LinearAttentionState.free: slots {bad} are not allocated")
-        self._free.extend(slots)
-
-    def reset(self, slots: Union[None, Sequence[int], Tensor] = None) -> None:
-        """Zero the states of ``slots`` (all slots when ``None``) in every layer."""
-        index = None if slots is None else self._index("reset", "slots", slots)
-        for pool in self.states:
-            if index is None:
-                pool.zero_()
-            else:
-                pool[index] = 0
-
-    def reorder(self, slots: Union[Sequence[int], Tensor], source: Union[Sequence[int], Tensor]) -> None:
-        """Slot ``slots[i]`` takes the state that slot ``source[i]`` had before the call, in every layer."""
-        dst, src = self._index("reorder", "slots", slots), self._index("reorder", "source", source)
-        if dst.numel() != src.numel():
-            raise ValueError(f"LinearAttentionState.reorder: slots and source must have one entry each per slot, got "
-                             f"{dst.numel()} and {src.numel()}")
-        for pool in self.states:
-            pool[dst] = pool[src]
-
-    def _index(self, method: str, name: str, slots: Union[Sequence[int], Tensor]) -> Tensor:
-        """``slots`` as an int64 index on the states' device: integers in ``[0, num_slots)`` (a negative value
-        would silently count from the end)."""
-        index = torch.as_tensor(slots, device=self.device)
-        if index.numel() == 0 and index.dim() == 1:  # [] is float32 to torch.as_tensor
-            return index.long()
-        if not is_integer_dtype(index.dtype) or index.dim() > 1:
-            raise ValueError(f"LinearAttentionState.{method}: {name} must be a list or 1-D tensor of slot numbers, "
-                             f"got {index.dtype} of shape {tuple(index.shape)}")
-        bad = index[(index < 0) | (index >= self.num_slots)]
-        if bad.numel():
-            raise ValueError(f"LinearAttentionState.{method}: {name} {bad.tolist()} are out of range [0, "
-                             f"{self.num_slots})")
-        return index.long().reshape(-1)
-
-

@@ -11,7 +11,6 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from .._deprecation import deprecated_arguments, renamed_attribute
 
 __all__ = ["LinformerSelfAttention"]
 
@@ -44,8 +43,7 @@ class LinformerSelfAttention(nn.Module):
     key row at full length.
 
     Args:
-        hidden_size: model width; ``head_dim = hidden_size // num_heads`` (``embed_dim``, its old name,
-            is deprecated).
+        hidden_size: model width; ``head_dim = hidden_size // num_heads``.
         num_heads: query heads. num_kv_heads: key/value heads (default ``num_heads``), dividing it.
         seq_len: the longest sequence ``n``. proj_len: the projected length ``k``.
         sharing: one of ``"none"``, ``"headwise"``, ``"key_value"``, ``"layerwise"``.
@@ -53,9 +51,6 @@ class LinformerSelfAttention(nn.Module):
         softmax_scale: logit scale, default ``1 / sqrt(head_dim)``.
     """
 
-    embed_dim = renamed_attribute("hidden_size")
-
-    @deprecated_arguments(renamed={"embed_dim": "hidden_size"})
     def __init__(self, hidden_size: int, num_heads: int, seq_len: int, proj_len: int, *,
                  num_kv_heads: Optional[int] = None, sharing: str = "none",
                  shared_projection: Optional[nn.Parameter] = None, softmax_scale: Optional[float] = None,

@@ -14,7 +14,6 @@ path (``q_a_proj -> RMSNorm -> q_b_proj``, or one ``q_proj``) and splits per hea
 """
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Optional, Tuple, Union
 
@@ -22,28 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
-from ._common import RotaryTables, check_positive, positions_for, rotate
-from .cache import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
+from .._checks import check_positive
+from ._norm import _RMSNorm
+from ._rotary import RotaryTables, positions_for, rotate
+from ..caches.latent import LatentKVCache, PagedLatentKVCache, _LatentCacheBase
 
 __all__ = ["MultiHeadLatentAttention"]
-
-
-class _RMSNorm(nn.Module):
-    """HuggingFace ``DeepseekV3RMSNorm``: normalize in float32 (float64 for float64 inputs), round to
-    the input dtype, then scale by ``weight``."""
-
-    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
-        self.variance_epsilon = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 
 
 class MultiHeadLatentAttention(RotaryTables):
@@ -75,8 +58,8 @@ class MultiHeadLatentAttention(RotaryTables):
         rms_norm_eps: epsilon of the two RMSNorms (HF uses its default 1e-6 for them).
 
     Tensor parallel (heads sharded over ranks, latent cache replicated):
-    :func:`attn_ops.distributed.tensor_parallel` gives a
-    :class:`~attn_ops.nn.parallel.TensorParallelMultiHeadLatentAttention` (docs/distributed.md).
+    :func:`attn_ops.tensor_parallel` gives a
+    :class:`~attn_ops.nn.TensorParallelMultiHeadLatentAttention` (docs/distributed.md).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, q_lora_rank: Optional[int], kv_lora_rank: int,
@@ -169,7 +152,7 @@ class MultiHeadLatentAttention(RotaryTables):
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, x: Tensor, positions: Optional[Tensor] = None,
                 cache: Optional[Union[LatentKVCache, PagedLatentKVCache]] = None,
-                layer_idx: int = 0, rope_tables: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
+                layer_idx: int = 0) -> Tensor:
         """``x [B, T, hidden] -> [B, T, hidden]``.
 
         Without a cache (training, full-sequence inference): ``positions`` (int ``[T]`` or ``[B, T]``)
@@ -186,16 +169,10 @@ class MultiHeadLatentAttention(RotaryTables):
         lengths by ``T``. Tensor ops only: a decode step compiles with ``fullgraph=True``. A paged
         cache needs ``cache.reserve(T)`` before the step.
 
-        ``rope_tables`` is deprecated (removed in the next release): rotary angles computed elsewhere
-        belong in a subclass that calls :meth:`_forward_with_tables`, as the DeepSeek adapter
-        (:class:`attn_ops.integrations.deepseek.DeepseekMLAAttention`) does.
+        Rotary angles computed elsewhere belong in a subclass that calls :meth:`_forward_with_tables`, as
+        the DeepSeek adapter (:class:`attn_ops.integrations.deepseek.DeepseekMLAAttention`) does.
         """
-        if rope_tables is not None and not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
-            warnings.warn("MultiHeadLatentAttention.forward: 'rope_tables' is deprecated and will be removed "
-                          "in the next release; subclass and call '_forward_with_tables' (as "
-                          "attn_ops.integrations.deepseek.DeepseekMLAAttention does)", FutureWarning,
-                          stacklevel=2)
-        return self._forward_with_tables(x, positions, cache, layer_idx, rope_tables)
+        return self._forward_with_tables(x, positions, cache, layer_idx)
 
     def _queries(self, x: Tensor) -> Tensor:
         """``q [B, T, H, nope + rope]`` of ``x [B, T, hidden]``."""

@@ -11,6 +11,9 @@ also makes one by itself wherever transformers would make a ``DynamicCache``.
 Sequence lengths: ``get_seq_length()`` is the number of token slots seen, padding included (what
 transformers counts); each batch row of the attn_ops cache holds only its real tokens (left padding
 is dropped when written), so row ``b``'s length is ``seq_length - padding_b``.
+
+This module imports transformers: :mod:`attn_ops.caches` does not import it, and users import
+:class:`DeepseekLatentCache` from :mod:`attn_ops.integrations.deepseek`.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..nn import LatentKVCache
+from .latent import LatentKVCache
 
 __all__ = ["DeepseekLatentCache"]
 

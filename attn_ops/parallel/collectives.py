@@ -1,5 +1,6 @@
 """Differentiable collectives for tensor-parallel attention (Megatron-LM's ``f`` / ``g`` operators),
-used by the parallel layers of :mod:`attn_ops.nn.parallel` and by :mod:`attn_ops.distributed`.
+used by the parallel layers (:mod:`attn_ops.parallel.layers`) and the cross-rank merge
+(:func:`attn_ops.parallel.merge_attention_partials_across_ranks`).
 
 Convention (as Megatron-LM): every rank of the group holds the same activations outside the
 attention module and computes the same loss from the module's (replicated) output. So

@@ -1,6 +1,6 @@
-"""Fine-tuning data helpers.
+"""Ghost Attention (GAtt, Llama 2) fine-tuning data helpers.
 
-Ghost Attention (GAtt, Llama 2) is a data technique, not an operator: the model keeps following an
+Ghost Attention is a data technique, not an operator: the model keeps following an
 instruction given once at the start of a dialogue because it is trained on dialogues where the
 instruction appears only in the first user turn while every assistant answer was sampled with the
 instruction attached to every user turn. See docs/ghost_attention.md.
@@ -14,6 +14,8 @@ instruction attached to every user turn. See docs/ghost_attention.md.
 from typing import Dict, List, Mapping, Sequence
 
 import torch
+
+__all__ = ["IGNORE_INDEX", "ghost_attention_sample", "ghost_attention_sampling_messages"]
 
 IGNORE_INDEX = -100  # label value that torch.nn.functional.cross_entropy (and HF models) skip
 

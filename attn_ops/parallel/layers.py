@@ -5,13 +5,13 @@ modules (:class:`~attn_ops.nn.GroupedQueryAttention`, :class:`~attn_ops.nn.Multi
 know nothing about ranks:
 
 * :class:`ColumnParallelLinear`: a slice of a layer's output features; with ``copy_input`` its input
-  passes through :func:`~attn_ops.collectives.copy_to_ranks` (``f``: the gradient of a replicated
+  passes through :func:`~attn_ops.parallel.copy_to_ranks` (``f``: the gradient of a replicated
   input is summed over the ranks, each of which only covers its own features).
 * :class:`RowParallelLinear`: a slice of a layer's input features; the partial products are summed
   over the ranks (``g``, one all-reduce) and the replicated bias is added once, after the sum.
 * :class:`TensorParallelGroupedQueryAttention`, :class:`TensorParallelMultiHeadLatentAttention`: the
   attention modules with their heads sharded, built by :meth:`from_module` (what
-  :func:`attn_ops.distributed.tensor_parallel` calls).
+  :func:`attn_ops.tensor_parallel` calls).
 """
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._deprecation import renamed_attribute
-from ..collectives import copy_to_ranks, reduce_from_ranks
-from .attention import GroupedQueryAttention
-from .mla import MultiHeadLatentAttention
+from ..nn.attention import GroupedQueryAttention
+from ..nn.mla import MultiHeadLatentAttention
+from .collectives import copy_to_ranks, reduce_from_ranks
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelGroupedQueryAttention",
            "TensorParallelMultiHeadLatentAttention"]
@@ -105,13 +104,11 @@ class TensorParallelGroupedQueryAttention(GroupedQueryAttention):
     ``q_proj`` / ``k_proj`` / ``v_proj`` (this rank's heads), row-parallel ``o_proj``. The input is
     copied to the ranks once for the three projections. Made by :meth:`from_module`."""
 
-    tp_group = renamed_attribute("group")
-
     @classmethod
     def from_module(cls, module: GroupedQueryAttention, rank: int, world: int,
                     group) -> "TensorParallelGroupedQueryAttention":
         """Rank ``rank`` of ``world``'s shard of ``module`` (copies of its heads' weights; see
-        :func:`attn_ops.distributed.tensor_parallel` for the split and its checks)."""
+        :func:`attn_ops.tensor_parallel` for the split and its checks)."""
         Hq, Hkv, D = module.num_heads, module.num_kv_heads, module.head_dim
         if Hkv % world == 0:
             kv_local, kv_start, replicated = Hkv // world, rank * (Hkv // world), False
@@ -152,8 +149,6 @@ class TensorParallelMultiHeadLatentAttention(MultiHeadLatentAttention):
     ``q_a_proj``, ``kv_a_proj_with_mqa`` and the two norms replicated. The latent ``c_kv`` and the
     rotary key ``k_pe`` feed this rank's heads only, so their gradients are summed over the ranks. The
     latent cache is replicated. Made by :meth:`from_module`."""
-
-    tp_group = renamed_attribute("group")
 
     @classmethod
     def from_module(cls, module: MultiHeadLatentAttention, rank: int, world: int,

@@ -1,5 +1,5 @@
-"""What the attention modules share: argument checks and the rotary-embedding plumbing (tables kept in
-float32, default positions, rotation in place or out of place)."""
+"""The rotary-embedding plumbing the attention modules share: tables kept in float32 (float64 for a
+float64 module), default positions, rotation in place or out of place."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -8,27 +8,6 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops as _ops
-
-
-def is_integer_dtype(dtype: torch.dtype) -> bool:
-    """Whether ``dtype`` holds integers (bool does not count: as an index, True / False would be rows 1 / 0)."""
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
-
-
-def integer_values(what: str, name: str, values) -> Tensor:
-    """``values`` (an int, a sequence or a tensor) as a 1-D int64 CPU tensor; ``ValueError`` for bools and
-    non-integers, which would otherwise become 0 / 1 or be truncated (1.9 -> 1) without a word."""
-    given = torch.as_tensor(values)
-    if given.numel() and not is_integer_dtype(given.dtype):
-        raise ValueError(f"{what}: {name} must be integers, got {given.dtype}")
-    return given.reshape(-1).to("cpu", torch.int64)
-
-
-def check_positive(name: str, value: int, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum`` (bools refused), else ``ValueError`` naming ``name``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 class RotaryTables(nn.Module):

@@ -1,40 +1,28 @@
-"""Multi-process attention with ``torch.distributed`` (docs/distributed.md).
-
-* :func:`tensor_parallel`: a head-sharded copy of a :class:`~attn_ops.nn.GroupedQueryAttention` or
-  :class:`~attn_ops.nn.MultiHeadLatentAttention` for this rank, of the parallel types in
-  :mod:`attn_ops.nn.parallel` (Megatron-LM style: column-parallel q/k/v projections, row-parallel
-  ``o_proj`` with one all-reduce), for training and cached inference.
-* :func:`merge_attention_partials_across_ranks`: the exact attention output from partial results
-  over disjoint key shards, each rank holding one shard's ``(out, lse)``; the single-process merge is
-  :func:`attn_ops.merge_attention_partials` (``attn_ops/merge.py``, pure tensor math, differentiable),
-  also importable from here.
-"""
+"""Tensor parallelism: :func:`tensor_parallel` makes this rank's head-sharded copy of a
+:class:`~attn_ops.nn.GroupedQueryAttention` or :class:`~attn_ops.nn.MultiHeadLatentAttention`, of the
+parallel types in :mod:`attn_ops.parallel.layers` (Megatron-LM style: column-parallel q/k/v projections,
+row-parallel ``o_proj`` with one all-reduce), for training and cached inference (docs/distributed.md)."""
 from __future__ import annotations
 
-from typing import Tuple, Union
+from typing import Union
 
 import torch.distributed as dist
-from torch import Tensor
 
-from .collectives import gather_from_ranks
-from .merge import check_partials, merge_attention_partials
-from .nn import GroupedQueryAttention, MultiHeadAttention, MultiHeadLatentAttention, MultiQueryAttention
-from .nn.parallel import TensorParallelGroupedQueryAttention, TensorParallelMultiHeadLatentAttention
+from ..nn.attention import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from ..nn.mla import MultiHeadLatentAttention
+from .layers import TensorParallelGroupedQueryAttention, TensorParallelMultiHeadLatentAttention
 
 # The module types tensor_parallel shards (exactly: their shards keep these forwards).
 _SHARDABLE = (GroupedQueryAttention, MultiQueryAttention, MultiHeadAttention, MultiHeadLatentAttention)
 
-__all__ = ["tensor_parallel", "merge_attention_partials", "merge_attention_partials_across_ranks"]
+__all__ = ["tensor_parallel"]
 
 
-# --------------------------------------------------------------------------------------------------
-# Tensor parallel
-# --------------------------------------------------------------------------------------------------
 def tensor_parallel(module: Union[GroupedQueryAttention, MultiHeadLatentAttention], group=None
                     ) -> Union[TensorParallelGroupedQueryAttention, TensorParallelMultiHeadLatentAttention]:
     """This rank's shard of ``module``: a new module of the parallel kind
-    (:class:`~attn_ops.nn.parallel.TensorParallelGroupedQueryAttention` for a GQA/MQA/MHA module,
-    :class:`~attn_ops.nn.parallel.TensorParallelMultiHeadLatentAttention` for MLA; subclasses of the
+    (:class:`~attn_ops.parallel.TensorParallelGroupedQueryAttention` for a GQA/MQA/MHA module,
+    :class:`~attn_ops.parallel.TensorParallelMultiHeadLatentAttention` for MLA; subclasses of the
     single-process types) holding copies of its heads' weights; ``module`` is left unchanged. Every
     rank of ``group`` (default: the world) calls it with the same full module.
 
@@ -80,21 +68,3 @@ def tensor_parallel(module: Union[GroupedQueryAttention, MultiHeadLatentAttentio
                          f"world size of the group ({world})")
     parallel = parallel_types[0] if isinstance(module, GroupedQueryAttention) else parallel_types[1]
     return parallel.from_module(module, rank, world, group)
-
-
-# --------------------------------------------------------------------------------------------------
-# Merging attention over key shards held by different ranks
-# --------------------------------------------------------------------------------------------------
-def merge_attention_partials_across_ranks(out: Tensor, lse: Tensor, group=None) -> Tuple[Tensor, Tensor]:
-    """:func:`merge_attention_partials` of every rank's ``(out, lse)`` (rank ``i`` holding key shard
-    ``i`` for the same queries; same shapes on every rank): all-gathers them over ``group`` (default:
-    the world) and returns the merged ``(out, lse)`` on every rank.
-
-    Backward follows the tensor-parallel convention (every rank computes the same loss from the merged
-    result): each rank gets the gradient of its own ``out`` / ``lse``, so its key shard's ``k`` / ``v``
-    gradients are exact; the queries feed every rank's partial, so sum their gradients over the ranks
-    (e.g. ``all_reduce(q.grad)``).
-    """
-    check_partials([out], [lse], "merge_attention_partials_across_ranks")
-    outs, lses = gather_from_ranks(out, group), gather_from_ranks(lse, group)
-    return merge_attention_partials(outs.unbind(0), lses.unbind(0))

@@ -1,6 +1,7 @@
-"""Merging attention computed over disjoint key shards by its log-sum-exp: plain tensor math on the
-``(out, lse)`` pairs every attention op returns (split-KV, context parallel, cascade attention).
-:func:`attn_ops.distributed.merge_attention_partials_across_ranks` does the same across ranks."""
+"""Merging attention computed over disjoint key shards by its log-sum-exp (split-KV, context parallel,
+cascade attention): :func:`merge_attention_partials`, plain tensor math on the ``(out, lse)`` pairs every
+attention op returns, in one process; :func:`merge_attention_partials_across_ranks`, the same over the
+pairs of the ranks of a process group."""
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
@@ -8,7 +9,9 @@ from typing import List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["merge_attention_partials"]
+from .collectives import gather_from_ranks
+
+__all__ = ["merge_attention_partials", "merge_attention_partials_across_ranks"]
 
 
 def _shape(t: Tensor) -> List[int]:
@@ -65,3 +68,18 @@ def merge_attention_partials(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> 
     w = (w / total).transpose(-1, -2).unsqueeze(-1)             # [N, *out_shape[:-1], 1]
     out = (w * torch.stack(outs).to(w.dtype)).sum(0)
     return out.to(outs[0].dtype), merged_lse
+
+
+def merge_attention_partials_across_ranks(out: Tensor, lse: Tensor, group=None) -> Tuple[Tensor, Tensor]:
+    """:func:`merge_attention_partials` of every rank's ``(out, lse)`` (rank ``i`` holding key shard
+    ``i`` for the same queries; same shapes on every rank): all-gathers them over ``group`` (default:
+    the world) and returns the merged ``(out, lse)`` on every rank.
+
+    Backward follows the tensor-parallel convention (every rank computes the same loss from the merged
+    result): each rank gets the gradient of its own ``out`` / ``lse``, so its key shard's ``k`` / ``v``
+    gradients are exact; the queries feed every rank's partial, so sum their gradients over the ranks
+    (e.g. ``all_reduce(q.grad)``).
+    """
+    check_partials([out], [lse], "merge_attention_partials_across_ranks")
+    outs, lses = gather_from_ranks(out, group), gather_from_ranks(lse, group)
+    return merge_attention_partials(outs.unbind(0), lses.unbind(0))
