@@ -24,6 +24,8 @@ def attention(
     cu_seqlens_k: Optional[Tensor] = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_k: Optional[int] = None,
+    sinks: Optional[Tensor] = None,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """Scaled dot-product attention with multi-head, grouped-query or multi-query heads.
 
@@ -47,12 +49,20 @@ def attention(
         window_left, window_right: sliding window, query ``i`` sees keys
             ``i + Tk - Tq - window_left <= j <= i + Tk - Tq + window_right``; ``-1`` is unbounded.
         softcap: if > 0, logits become ``softcap * tanh(logits / softcap)`` (Gemma-2 style).
+        sinks: attention sinks (gpt-oss), float32 or the input dtype ``[Hq]``: one logit per query
+            head, in the units of the scaled (and soft-capped) logits. ``exp(sinks[h])`` joins every
+            row's softmax denominator and adds nothing to the output; ``lse`` includes it (merge such
+            partials with :func:`merge_attention_partials` only if exactly one of them carries the
+            sink). Differentiable: the gradient is summed over batch and rows.
+        attention_chunk: chunked-local attention (Llama 4) when > 0: the query at position
+            ``p = i + Tk - Tq`` sees only keys ``j`` with ``j // attention_chunk == p // attention_chunk``
+            (floor division), intersected with ``causal`` and the window.
 
     Returns:
         ``(out, lse)``: ``out`` is ``[B, Tq, Hq, Dv]`` (``[total_q, Hq, Dv]`` for varlen) in the
-        input dtype; ``lse`` is the natural-log sum of exponentials of each query row's logits,
-        ``[B, Hq, Tq]`` (``[Hq, total_q]`` for varlen), float32 (float64 for float64 inputs). A row
-        that sees no key gives zeros and ``lse = -inf``. Both outputs are differentiable, so results
+        input dtype; ``lse`` is the natural-log sum of exponentials of each query row's logits
+        (and sink), ``[B, Hq, Tq]`` (``[Hq, total_q]`` for varlen), float32 (float64 for float64
+        inputs). A row that sees no key gives zeros and ``lse = -inf`` (``sinks[h]`` with sinks). Both outputs are differentiable, so results
         over different key chunks can be merged with their ``lse`` during training too.
 
     Dtypes: float16, bfloat16, float32, float64 (accumulation in float32, float64 for float64).
@@ -70,6 +80,8 @@ def attention(
         cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
+        sinks=sinks,
+        attention_chunk=attention_chunk,
     )
 
 
@@ -91,12 +103,15 @@ def attention_backward(
     cu_seqlens_k: Optional[Tensor] = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_k: Optional[int] = None,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of :func:`attention` (what autograd calls; exposed for custom graphs).
 
     ``out`` and ``lse`` are the forward's outputs for the same arguments; ``dout`` is the gradient of
     ``out`` and ``dlse`` (optional) the gradient of ``lse``. ``dk`` / ``dv`` are summed over the query
-    heads of each KV group. The outputs have the shapes and dtypes of ``q``, ``k``, ``v``.
+    heads of each KV group. The outputs have the shapes and dtypes of ``q``, ``k``, ``v``. A forward
+    with ``sinks`` needs nothing more here: its ``out`` and ``lse`` already include them (the sinks'
+    own gradient is computed by autograd from ``out``, ``lse``, ``dout`` and ``dlse``).
     """
     return torch.ops.attn_ops.attention_backward(
         dout,
@@ -115,6 +130,7 @@ def attention_backward(
         cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
+        attention_chunk=attention_chunk,
     )
 
 
@@ -168,6 +184,8 @@ def attention_with_kvcache(
     max_seqlen_q: Optional[int] = None,
     cache_batch_idx: Optional[Tensor] = None,
     cache_leftpad: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """Attention of new queries over a KV cache: decode (``Tq = 1``), chunked prefill, speculative verification.
 
@@ -185,6 +203,9 @@ def attention_with_kvcache(
     ``cache_batch_idx[b]`` (of a pool with any number of rows; for a paged cache, block-table row);
     ``cache_leftpad`` (int32 ``[B]``) makes row ``b``'s keys the cache positions
     ``cache_leftpad[b] .. cache_seqlens[b] - 1``.
+
+    ``sinks`` and ``attention_chunk`` as in :func:`attention`; chunk positions are cache positions counted
+    from ``cache_leftpad[b]``.
 
     Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])`` (packed: ``out [total_q, Hq, Dv]``, ``lse [Hq, total_q]``);
     a row with an empty cache gives zeros and ``-inf``. Not differentiable (inference op).
@@ -204,6 +225,8 @@ def attention_with_kvcache(
         max_seqlen_q=max_seqlen_q,
         cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad,
+        sinks=sinks,
+        attention_chunk=attention_chunk,
     )
 
 

@@ -33,7 +33,12 @@ std::tuple<at::Tensor, at::Tensor> attention(
     const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
     const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt,
     std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
-    std::optional<c10::SymInt> max_seqlen_k = std::nullopt);
+    std::optional<c10::SymInt> max_seqlen_k = std::nullopt,
+    // Attention sinks (float32 or q's dtype [heads_q], docs/attention_api.md): exp(sinks[h]) joins every row's
+    // softmax denominator; lse includes it. Differentiable.
+    const std::optional<at::Tensor>& sinks = std::nullopt,
+    // Chunked-local attention: with C > 0, position p sees only the keys of its chunk [p / C * C, p / C * C + C).
+    int64_t attention_chunk = 0);
 
 // Gradients of `attention` with respect to q, k and v (dk/dv summed over each KV group's query heads).
 // `dlse`, when given, is the gradient flowing into the lse output.
@@ -53,7 +58,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
     const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt,
     std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
-    std::optional<c10::SymInt> max_seqlen_k = std::nullopt);
+    std::optional<c10::SymInt> max_seqlen_k = std::nullopt,
+    // As the forward's; the forward's sinks need nothing here (lse and out already include them).
+    int64_t attention_chunk = 0);
 
 // Writes k [batch, seqlen_new, heads_kv, head_dim] (and v) into the contiguous cache
 // k_cache [batch, capacity, heads_kv, head_dim] at each row's current length cache_seqlens[b] (int32).
@@ -89,7 +96,10 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
     const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
     std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
     const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
-    const std::optional<at::Tensor>& cache_leftpad = std::nullopt);
+    const std::optional<at::Tensor>& cache_leftpad = std::nullopt,
+    // As attention's; chunk positions are cache positions (from cache_leftpad[b]).
+    const std::optional<at::Tensor>& sinks = std::nullopt,
+    int64_t attention_chunk = 0);
 
 // Rotary position embedding (docs/rotary_api.md): x [..., heads, head_dim] rotated at positions (int32 /
 // int64 [...], x's leading dims) by the tables cos / sin [max_positions, rotary_dim / 2] (float32 or x's

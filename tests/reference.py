@@ -28,8 +28,9 @@ NEG_INF = float("-inf")
 # --------------------------------------------------------------------------------------------------
 # Reference
 # --------------------------------------------------------------------------------------------------
-def visible_mask(Tq, Tk, *, causal=False, window_left=-1, window_right=-1, device="cpu"):
-    """Bool [Tq, Tk]: key j visible to query i, bottom-right aligned (offset = Tk - Tq)."""
+def visible_mask(Tq, Tk, *, causal=False, window_left=-1, window_right=-1, attention_chunk=0, device="cpu"):
+    """Bool [Tq, Tk]: key j visible to query i, bottom-right aligned (offset = Tk - Tq); with attention_chunk
+    C > 0, only keys in the query position's chunk (j // C == (i + offset) // C, floor division)."""
     if causal:
         window_right = 0
     i = torch.arange(Tq, device=device, dtype=torch.int64).unsqueeze(1)
@@ -42,10 +43,14 @@ def visible_mask(Tq, Tk, *, causal=False, window_left=-1, window_right=-1, devic
         vis = vis & (j >= i + offset - min(window_left, bound))
     if window_right >= 0:
         vis = vis & (j <= i + offset + min(window_right, bound))
+    if attention_chunk > 0:
+        vis = vis & (torch.div(j, attention_chunk, rounding_mode="floor")
+                     == torch.div(i + offset, attention_chunk, rounding_mode="floor"))
     return vis
 
 
-def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, softcap, cdt, p_dtype):
+def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, softcap, sinks, attention_chunk, cdt,
+                         p_dtype):
     B, Tq, Hq, Dqk = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     assert Hq % Hkv == 0
@@ -57,10 +62,15 @@ def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, soft
     s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    vis = visible_mask(Tq, Tk, causal=causal, window_left=window_left,
-                       window_right=window_right, device=q.device)
+    vis = visible_mask(Tq, Tk, causal=causal, window_left=window_left, window_right=window_right,
+                       attention_chunk=attention_chunk, device=q.device)
     vis = vis.expand(B, Hq, Tq, Tk)
-    if Tk > 0:
+    if sinks is not None:
+        # A sink is one more key, always visible, of score sinks[h] and value 0.
+        s = torch.cat([s, sinks.to(cdt).view(1, Hq, 1, 1).expand(B, Hq, Tq, 1)], dim=-1)
+        vis = torch.cat([vis, vis.new_ones(B, Hq, Tq, 1)], dim=-1)
+        vh = torch.cat([vh, vh.new_zeros(B, Hq, 1, vh.shape[-1])], dim=2)
+    if s.shape[-1] > 0:
         # Row max over visible keys; detached (softmax and lse do not depend on it) and made safe
         # (0) for rows that see no key or only -inf scores (weight 0 each, as FlashAttention), so that
         # nothing below produces inf - inf or NaN gradients. A NaN or +inf max stays: the row is NaN.
@@ -82,7 +92,7 @@ def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, soft
 
 
 def attention_ref(q, k, v, *, scale=None, causal=False, window_left=-1, window_right=-1,
-                  softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None,
+                  softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, sinks=None, attention_chunk=0,
                   compute_dtype=torch.float64, p_dtype=None):
     """Reference (out, lse) with the op's output shapes, computed in `compute_dtype`; with `p_dtype`, the
     probabilities are rounded to it before the product with V (the low-precision baseline, same_dtype_ref).
@@ -92,7 +102,7 @@ def attention_ref(q, k, v, *, scale=None, causal=False, window_left=-1, window_r
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    args = (scale, causal, window_left, window_right, softcap, compute_dtype, p_dtype)
+    args = (scale, causal, window_left, window_right, softcap, sinks, attention_chunk, compute_dtype, p_dtype)
     if cu_seqlens_q is None:
         assert cu_seqlens_k is None
         return _attention_dense_ref(q, k, v, *args)

@@ -4,6 +4,7 @@
 #include "attn_ops.h"  // the public C++ API
 #include "attention/validation.h"
 
+#include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -13,18 +14,36 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The gradient of the sink logits: a sink is a key of score sinks[h] and value 0, so
+// d loss / d sinks[h] = sum over rows of P_sink * (dlse - delta), with P_sink = exp(sinks[h] - lse) (lse includes
+// the sink) and delta = rowsum(dout * out), summed over batch and rows. out [B, Tq, Hq, Dv] (varlen
+// [total_q, Hq, Dv]), lse [B, Hq, Tq] (varlen [Hq, total_q]).
+at::Tensor sinks_gradient(const at::Tensor& sinks, const at::Tensor& dout, const at::Tensor& out,
+                          const at::Tensor& lse, const std::optional<at::Tensor>& dlse, bool varlen) {
+  const auto acc = lse.scalar_type();
+  at::Tensor delta = (dout.to(acc) * out.to(acc)).sum(-1);  // [B, Tq, Hq] / [total_q, Hq]
+  delta = varlen ? delta.t() : delta.transpose(1, 2);     // as lse
+  const at::Tensor logit = varlen ? sinks.to(acc).unsqueeze(1) : sinks.to(acc).view({1, -1, 1});
+  // A row whose lse is -inf (no key and a -inf sink) has no sink weight.
+  const at::Tensor weight = at::where(at::isneginf(lse), at::zeros_like(lse), at::exp(logit - lse));
+  const at::Tensor grad = weight * (dlse.has_value() ? *dlse - delta : -delta);
+  return (varlen ? grad.sum(1) : grad.sum(at::IntArrayRef{0, 2})).to(sinks.scalar_type());
+}
+
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
                                double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
-                               std::optional<c10::SymInt> max_seqlen_k) {
+                               std::optional<c10::SymInt> max_seqlen_k, const std::optional<at::Tensor>& sinks,
+                               int64_t attention_chunk) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, lse] = attn_ops::attention(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, attention_chunk);
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q.value_or(at::Tensor()),
-                            cu_seqlens_k.value_or(at::Tensor())});
+                            cu_seqlens_k.value_or(at::Tensor()), sinks.value_or(at::Tensor())});
+    ctx->saved_data["attention_chunk"] = attention_chunk;
     ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["window_left"] = window_left;
@@ -50,10 +69,16 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         dout, q, k, v, out, lse, optional_tensor(grads[1]), data["scale"].toOptional<double>(),
         data["causal"].toBool(), data["window_left"].toInt(), data["window_right"].toInt(), data["softcap"].toDouble(),
         optional_tensor(saved[5]), optional_tensor(saved[6]), data["max_seqlen_q"].toOptional<c10::SymInt>(),
-        data["max_seqlen_k"].toOptional<c10::SymInt>());
+        data["max_seqlen_k"].toOptional<c10::SymInt>(), data["attention_chunk"].toInt());
+    const at::Tensor& sinks = saved[7];
+    // Edges are the defined tensor arguments: q, k, v, (cu_seqlens_q, cu_seqlens_k,) sinks.
+    const size_t sinks_edge = saved[5].defined() ? 5 : 3;
+    const at::Tensor dsinks = sinks.defined() && ctx->needs_input_grad(sinks_edge)
+                                  ? sinks_gradient(sinks, dout, out, lse, optional_tensor(grads[1]), saved[5].defined())
+                                  : at::Tensor();
     // One entry per forward argument; the non-tensor ones and cu_seqlens get none.
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq,          dk,          dv,          at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), dsinks,       at::Tensor()};
   }
 };
 
@@ -63,9 +88,12 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
                                                       const std::optional<at::Tensor>& cu_seqlens_q,
                                                       const std::optional<at::Tensor>& cu_seqlens_k,
                                                       std::optional<c10::SymInt> max_seqlen_q,
-                                                      std::optional<c10::SymInt> max_seqlen_k) {
+                                                      std::optional<c10::SymInt> max_seqlen_k,
+                                                      const std::optional<at::Tensor>& sinks,
+                                                      int64_t attention_chunk) {
   variable_list outs = AttentionFunction::apply(q, k, v, scale, causal, window_left, window_right, softcap,
-                                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+                                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks,
+                                                attention_chunk);
   return {outs[0], outs[1]};
 }
 

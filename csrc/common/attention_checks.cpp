@@ -50,6 +50,22 @@ void check_score_options(const char* op, c10::ScalarType dtype, std::optional<do
               largest, " (representable in ", acc, "), got ", scale.value_or(0.0));
 }
 
+void check_pattern_options(const char* op, const at::Tensor& q, const c10::SymInt& heads_q,
+                           const std::optional<at::Tensor>& sinks, int64_t attention_chunk) {
+  TORCH_CHECK(attention_chunk >= 0, op, ": attention_chunk must be >= 0 (0 disables chunking), got ",
+              attention_chunk);
+  if (!sinks.has_value()) {
+    return;
+  }
+  const at::Tensor& s = *sinks;
+  TORCH_CHECK(s.dim() == 1 && s.sym_size(0) == heads_q, op, ": sinks must have shape [", heads_q,
+              "] (one logit per query head), got ", shape_str(s));
+  TORCH_CHECK(s.scalar_type() == at::kFloat || s.scalar_type() == q.scalar_type(), op,
+              ": sinks must be float32 or q's dtype (", dtype_name(q.scalar_type()), "), got ",
+              dtype_name(s.scalar_type()));
+  check_same_device(op, "sinks", s, "q", q);
+}
+
 c10::ScalarType attention_lse_dtype(c10::ScalarType input_dtype) {
   return input_dtype == at::kDouble ? at::kDouble : at::kFloat;
 }

@@ -33,6 +33,11 @@ void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::Sy
 void check_score_options(const char* op, c10::ScalarType dtype, std::optional<double> scale, int64_t window_left,
                          int64_t window_right, double softcap);
 
+// The pattern options of the softmax attention ops: sinks (None, or [heads_q] float32 / q's dtype on q's device)
+// and attention_chunk (>= 0).
+void check_pattern_options(const char* op, const at::Tensor& q, const c10::SymInt& heads_q,
+                           const std::optional<at::Tensor>& sinks, int64_t attention_chunk);
+
 // The softmax scale: `scale` when given, else 1 / sqrt(head_dim). It guards the head dim to an integer, so only
 // kernels that run call it (Meta kernels never need the scale).
 double resolve_scale(std::optional<double> scale, const c10::SymInt& head_dim);

@@ -67,7 +67,11 @@ AttentionProblem make_problem(const AttentionCall& call) {
   } else {
     p.len_k.assign(p.batch, call.seqlen_k.expect_int());
   }
-  p.set_windows(call.window_left, call.effective_window_right());
+  p.set_windows(call.window_left, call.effective_window_right(), call.attention_chunk);
+  if (call.sinks.has_value()) {
+    const at::Tensor sinks = call.sinks->to(at::kDouble).contiguous();
+    p.sinks.assign(sinks.const_data_ptr<double>(), sinks.const_data_ptr<double>() + p.heads_q);
+  }
   return p;
 }
 

@@ -52,19 +52,29 @@ struct AttentionProblem {
   int64_t batch = 0, heads_q = 0, heads_kv = 0, group = 0, dim_qk = 0, dim_v = 0;
   double scale = 1.0, softcap = 0.0;
   int64_t window_left = -1, window_right = -1;  // -1: unbounded; causal already folded into window_right
+  int64_t chunk = 0;                            // attention_chunk (0: none), at most the longest sequence + 1
+  std::vector<double> sinks;                    // [heads_q] sink logits, or empty
   std::vector<int64_t> len_q, len_k;            // [batch]
   std::vector<int64_t> token_q;                 // [batch]: index of the sequence's first query token
   int64_t total_q = 0;                          // query tokens over all sequences
 
-  // Sets the windows (-1: unbounded); windows longer than every sequence become unbounded, which keeps
-  // the index arithmetic below far from overflow.
-  void set_windows(int64_t left, int64_t right) {
+  // Sets the windows (-1: unbounded) and the chunk (0: none); windows longer than every sequence become
+  // unbounded and chunks longer than every sequence the same chunk of length longest + 1 (every query's chunk
+  // then holds every key at its side of position 0), which keeps the index arithmetic below far from overflow.
+  void set_windows(int64_t left, int64_t right, int64_t chunk_len = 0) {
     int64_t longest = 0;
     for (int64_t b = 0; b < batch; ++b) {
       longest = std::max({longest, len_q[b], len_k[b]});
     }
     window_left = left > longest ? -1 : left;
     window_right = right > longest ? -1 : right;
+    chunk = std::min(chunk_len, longest + 1);
+  }
+  // Whether some query sees no key left of a bound other than 0 (a left window or chunks).
+  bool left_bounded() const { return window_left >= 0 || chunk > 0; }
+  // The first position of the chunk of position pos (pos < 0 when Tq > Tk): floor(pos / chunk) * chunk.
+  int64_t chunk_start(int64_t pos) const {
+    return (pos >= 0 ? pos / chunk : -((chunk - 1 - pos) / chunk)) * chunk;
   }
   // The sequence of every packed query token: [total_q].
   std::vector<int64_t> token_batches() const {
@@ -76,18 +86,25 @@ struct AttentionProblem {
   }
   // The keys query i of sequence b sees: [key_lo, key_hi], empty when key_lo > key_hi.
   int64_t key_lo(int64_t b, int64_t i) const {
-    return window_left < 0 ? 0 : std::max<int64_t>(0, i + len_k[b] - len_q[b] - window_left);
+    const int64_t pos = i + len_k[b] - len_q[b];
+    const int64_t lo = window_left < 0 ? 0 : std::max<int64_t>(0, pos - window_left);
+    return chunk > 0 ? std::max(lo, chunk_start(pos)) : lo;
   }
   int64_t key_hi(int64_t b, int64_t i) const {
-    return window_right < 0 ? len_k[b] - 1 : std::min<int64_t>(len_k[b] - 1, i + len_k[b] - len_q[b] + window_right);
+    const int64_t pos = i + len_k[b] - len_q[b];
+    const int64_t hi = window_right < 0 ? len_k[b] - 1 : std::min<int64_t>(len_k[b] - 1, pos + window_right);
+    return chunk > 0 ? std::min(hi, chunk_start(pos) + chunk - 1) : hi;
   }
   // The queries of sequence b that see any key in [k_first, k_last]: [first, last], empty when first > last.
   int64_t query_first(int64_t b, int64_t k_first) const {
-    return window_right < 0 ? 0 : std::max<int64_t>(0, k_first - (len_k[b] - len_q[b]) - window_right);
+    const int64_t shift = len_k[b] - len_q[b];
+    const int64_t first = window_right < 0 ? 0 : std::max<int64_t>(0, k_first - shift - window_right);
+    return chunk > 0 ? std::max(first, chunk_start(k_first) - shift) : first;
   }
   int64_t query_last(int64_t b, int64_t k_last) const {
-    return window_left < 0 ? len_q[b] - 1
-                           : std::min<int64_t>(len_q[b] - 1, k_last - (len_k[b] - len_q[b]) + window_left);
+    const int64_t shift = len_k[b] - len_q[b];
+    const int64_t last = window_left < 0 ? len_q[b] - 1 : std::min<int64_t>(len_q[b] - 1, k_last - shift + window_left);
+    return chunk > 0 ? std::min(last, chunk_start(k_last) + chunk - 1 - shift) : last;
   }
   // Floating-point operations of the forward without masks (an upper bound, for thread decisions).
   double forward_flops() const {

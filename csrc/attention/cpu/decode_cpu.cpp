@@ -192,8 +192,8 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         for (int64_t gr = 0; gr < Hkv * rows; ++gr) {
           const int64_t r = gr % rows, pos = r / G, h = (h0 + gr / rows) * G + r % G;
           if (splits == 1) {
-            convert_row(s.out.data() + gr * Dv, out + out_layout.at(b, pos, h), Dv);
-            lse[lse_layout.at(b, pos, h)] = s.lse[gr];
+            write_row(p, h, s.out.data() + gr * Dv, s.lse[gr], out + out_layout.at(b, pos, h),
+                      lse + lse_layout.at(b, pos, h));
           } else {
             const int64_t row = split * rows_total + (p.token_q[b] + pos) * Hq + h;
             std::copy_n(s.out.data() + gr * Dv, Dv, part_out.data() + row * Dv);

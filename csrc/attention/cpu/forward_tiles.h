@@ -83,16 +83,16 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
                    const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout, scalar_t* out,
                    const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
-  // The brgemm path (AMX) needs every item's keys to start at a tile boundary (no left window: it reads
-  // whole packed tiles from key 0 on); packing needs Dqk even and Dv in whole blocks (packed_kv.h).
+  // The brgemm path (AMX) needs every item's keys to start at a tile boundary (no left window or
+  // chunk: it reads whole packed tiles from key 0 on); packing needs Dqk even and Dv in whole blocks (packed_kv.h).
   bool brgemm_applies = false;
   if constexpr (kBrgemmCopy && !std::is_same_v<scalar_t, acc_t>) {
-    brgemm_applies = p.window_left < 0 && Dqk % 2 == 0 && Dv % kPackBlock == 0 && lowp_brgemm_available<scalar_t>();
+    brgemm_applies = !p.left_bounded() && Dqk % 2 == 0 && Dv % kPackBlock == 0 && lowp_brgemm_available<scalar_t>();
   }
   // The panel paths (below) where each packed key serves enough query rows to pay for its packing: float32,
   // and bfloat16 on AVX512-BF16 where brgemm does not apply; their query tiles hold whole kPanelRows-row
   // blocks where the group allows (252 rows for groups 1, 2, 4).
-  const bool panel_shape = kPanelGemm && p.window_left < 0 && Dv % kPanelWidth == 0 &&
+  const bool panel_shape = kPanelGemm && !p.left_bounded() && Dv % kPanelWidth == 0 &&
                            p.total_q * G >= kPanelMinRows * p.batch;
   const bool pair_path = std::is_same_v<scalar_t, c10::BFloat16> && panel_shape && Dqk % 2 == 0 &&
                          !brgemm_applies && pair_products_available();
@@ -293,8 +293,7 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
           acc_t* acc_row = s.acc.data() + r * Dv;
           const acc_t row_lse = finish_row(acc_row, Dv, s.row_max[r], s.row_sum[r]);
           if (splits == 1) {
-            convert_row(acc_row, out + out_layout.at(b, pos, h), Dv);
-            lse[lse_layout.at(b, pos, h)] = row_lse;
+            write_row(p, h, acc_row, row_lse, out + out_layout.at(b, pos, h), lse + lse_layout.at(b, pos, h));
           } else {
             const int64_t row = split * rows_total + (p.token_q[b] + pos) * Hq + h;
             std::copy(acc_row, acc_row + Dv, part_out.data() + row * Dv);

@@ -352,5 +352,19 @@ inline T finish_row(T* acc, int64_t dv, T run_max, T run_sum) {
   return no_key ? -std::numeric_limits<T>::infinity() : run_max + std::log(run_sum);
 }
 
+// Adds a sink logit to a finished row (normalized acc[dv], its lse): the softmax denominator gains exp(sink),
+// so the row scales by exp(lse - lse') with lse' = log(exp(lse) + exp(sink)). A row with no visible key stays
+// zeros with lse' = sink; NaN in either stays NaN in both.
+template <typename T>
+inline T add_sink(T* acc, int64_t dv, T lse, T sink) {
+  if (lse == -std::numeric_limits<T>::infinity()) {
+    return sink;
+  }
+  const T top = std::max(lse, sink);
+  const T merged = top + std::log(std::exp(lse - top) + std::exp(sink - top));
+  scale_row(acc, dv, std::exp(lse - merged));
+  return merged;
+}
+
 }  // namespace CPU_CAPABILITY
 }  // namespace attn_ops::cpu

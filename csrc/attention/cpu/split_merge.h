@@ -15,6 +15,14 @@
 namespace attn_ops::cpu {
 inline namespace CPU_CAPABILITY {
 
+// Writes the finished row of head h (acc[dim_v] normalized, in place; row_lse) to out and lse, with the head's
+// sink logit when the problem has sinks: the one place a final row is written.
+template <typename scalar_t, typename acc_t>
+inline void write_row(const AttentionProblem& p, int64_t h, acc_t* acc, acc_t row_lse, scalar_t* out, acc_t* lse) {
+  *lse = p.sinks.empty() ? row_lse : add_sink(acc, p.dim_v, row_lse, static_cast<acc_t>(p.sinks[h]));
+  convert_row(acc, out, p.dim_v);
+}
+
 // lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s. Partial row `row` of split s is at
 // s * rows_total + row with row = (token_q[b] + position) * Hq + head, rows_total = total_q * Hq.
 template <typename scalar_t, typename acc_t>
@@ -46,8 +54,8 @@ void merge_splits(const AttentionProblem& p, int64_t splits,
         }
         scale_row(merged.data(), Dv, acc_t(1) / total);
       }
-      convert_row(merged.data(), out + out_layout.at(b, pos, h), Dv);
-      lse[lse_layout.at(b, pos, h)] = max_lse == neg_inf ? neg_inf : max_lse + std::log(total);
+      write_row(p, h, merged.data(), max_lse == neg_inf ? neg_inf : max_lse + std::log(total),
+                out + out_layout.at(b, pos, h), lse + lse_layout.at(b, pos, h));
     }
   });
 }

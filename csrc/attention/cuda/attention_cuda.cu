@@ -37,9 +37,11 @@ LseLayout lse_layout(const at::Tensor& lse, bool varlen) {
   return LseLayout{lse.size(1) * lse.size(2), lse.size(2)};
 }
 
-// Windows longer than `longest` are unbounded, which keeps the kernels' index arithmetic far from overflow.
-Window make_window(int64_t left, int64_t right, int64_t longest) {
-  return Window{left > longest ? -1 : left, right > longest ? -1 : right};
+// The visible keys of a call: windows longer than `longest` are unbounded and chunks longer than it the same
+// chunk of length longest + 1, which keeps the kernels' index arithmetic far from overflow.
+Window make_window(const AttentionCall& call, int64_t longest) {
+  const int64_t left = call.window_left, right = call.effective_window_right();
+  return Window{left > longest ? -1 : left, right > longest ? -1 : right, std::min(call.attention_chunk, longest + 1)};
 }
 
 // Checks the values of cu_seqlens_q / cu_seqlens_k on the device (against max_seqlen_* when given) and
@@ -124,7 +126,7 @@ void set_problem(Args& a, const AttentionCall& call, const at::Tensor& cu_q, con
   const int64_t total_q = call.seqlen_q.expect_int(), total_k = call.seqlen_k.expect_int();
   a.seqs = SeqInfo{cu_q.defined() ? cu_q.const_data_ptr<int32_t>() : nullptr,
                    cu_k.defined() ? cu_k.const_data_ptr<int32_t>() : nullptr, nullptr, total_q, total_k};
-  a.window = make_window(call.window_left, call.effective_window_right(), std::max(total_q, total_k));
+  a.window = make_window(call, std::max(total_q, total_k));
   a.logit = Logit<A>{static_cast<A>(call.scale()), static_cast<A>(call.softcap)};
   a.batch = call.batch.expect_int();
   a.heads_q = call.heads_q.expect_int();
@@ -306,7 +308,7 @@ void cache_forward(const AttentionCall& call, const at::Tensor& out, const at::T
     a.seqs = SeqInfo{packed ? cu_q.const_data_ptr<int32_t>() : nullptr,
                      packed ? cu_k.const_data_ptr<int32_t>() : nullptr, lens.const_data_ptr<int32_t>(), tokens_q,
                      capacity, first_key.defined() ? first_key.const_data_ptr<int32_t>() : nullptr};
-    a.window = make_window(call.window_left, call.effective_window_right(), capacity + max_len_q);
+    a.window = make_window(call, capacity + max_len_q);
     a.logit = Logit<A>{static_cast<A>(call.scale()), static_cast<A>(call.softcap)};
     a.batch = batch;
     a.heads_q = call.heads_q.expect_int();
@@ -319,6 +321,20 @@ void cache_forward(const AttentionCall& call, const at::Tensor& out, const at::T
   });
 }
 
+// Adds the sink logits to finished rows, out of the kernels: each row's denominator gains exp(sinks[h]), so
+// out scales by exp(lse - lse') with lse' = logaddexp(lse, sinks[h]); a row with no key keeps out 0, lse' =
+// sinks[h]. out [.., Hq, Dv] (any leading dims), lse [B, Hq, Tq] or packed [Hq, total_q].
+void add_sinks(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
+  const at::Tensor logit = call.sinks->to(lse.scalar_type());
+  const at::Tensor sink = call.packed_q() ? logit.unsqueeze(1) : logit.view({1, -1, 1});
+  const at::Tensor merged = at::logaddexp(lse, sink);
+  const at::Tensor factor = at::where(at::isneginf(lse), at::zeros_like(lse), at::exp(lse - merged));
+  // factor as out's [.., Hq] rows: lse's [B, Hq, Tq] -> [B, Tq, Hq]; [Hq, total_q] -> [total_q, Hq].
+  const at::Tensor rows = call.packed_q() ? factor.t() : factor.transpose(1, 2);
+  out.copy_(out.to(lse.scalar_type()) * rows.unsqueeze(-1));
+  lse.copy_(merged);
+}
+
 }  // namespace
 
 void attention_forward(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
@@ -328,6 +344,9 @@ void attention_forward(const AttentionCall& call, const at::Tensor& out, const a
     cache_forward(call, out, lse);
   } else {
     sequences_forward(call, out, lse);
+  }
+  if (call.sinks.has_value()) {
+    add_sinks(call, out, lse);
   }
 }
 

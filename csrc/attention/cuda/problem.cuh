@@ -114,17 +114,31 @@ struct LseLayout {
 // position i + len_k - len_q). -1 windows are unbounded; causal is folded into window_right = 0.
 struct Window {
   int64_t left = -1, right = -1;
+  int64_t chunk = 0;  // attention_chunk (0: none): position p sees only keys in [chunk_start(p), + chunk)
 
+  __device__ __forceinline__ int64_t chunk_start(int64_t pos) const {
+    return (pos >= 0 ? pos / chunk : -((chunk - 1 - pos) / chunk)) * chunk;
+  }
   __device__ __forceinline__ void keys_of(const Seq& s, int64_t i, int64_t* lo, int64_t* hi) const {
     const int64_t pos = i + s.len_k - s.len_q;
     *lo = left < 0 ? 0 : (pos - left > 0 ? pos - left : 0);
     *hi = right < 0 ? s.len_k - 1 : (pos + right < s.len_k - 1 ? pos + right : s.len_k - 1);
+    if (chunk > 0) {
+      const int64_t start = chunk_start(pos);
+      *lo = *lo > start ? *lo : start;
+      *hi = *hi < start + chunk - 1 ? *hi : start + chunk - 1;
+    }
   }
   // The queries that see key j: [first, last] (empty when first > last).
   __device__ __forceinline__ void queries_of(const Seq& s, int64_t j, int64_t* first, int64_t* last) const {
     const int64_t shift = s.len_k - s.len_q;
     *first = right < 0 ? 0 : (j - shift - right > 0 ? j - shift - right : 0);
     *last = left < 0 ? s.len_q - 1 : (j - shift + left < s.len_q - 1 ? j - shift + left : s.len_q - 1);
+    if (chunk > 0) {
+      const int64_t start = chunk_start(j);
+      *first = *first > start - shift ? *first : start - shift;
+      *last = *last < start + chunk - 1 - shift ? *last : start + chunk - 1 - shift;
+    }
   }
 };
 
