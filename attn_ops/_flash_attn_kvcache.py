@@ -112,12 +112,21 @@ def with_qv(q: Tensor, qv: Optional[Tensor], k: Tensor, v: Tensor):
     return torch.cat([q, qv], dim=-1), torch.cat([k, v], dim=-1)
 
 
+def sink_logits(s_aux: Optional[Tensor], learnable_sink: Optional[Tensor], where: str) -> Optional[Tensor]:
+    """The attention sinks of a FlashAttention-compatible call ([Hq] logits, attn_ops.attention's ``sinks``),
+    under either name callers use: vLLM's ``s_aux`` or FlashAttention 4's ``learnable_sink``."""
+    if s_aux is not None and learnable_sink is not None:
+        raise ValueError(f"{where}: give the attention sinks as s_aux or as learnable_sink, not both")
+    return learnable_sink if s_aux is None else s_aux
+
+
 def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                  rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens, cache_batch_idx,
                  cache_leftpad, block_table, softmax_scale, causal: bool, window_size, softcap: float,
                  rotary_interleaved: bool, *, rotate_q_consecutive: bool, cu_seqlens_q: Optional[Tensor] = None,
                  max_seqlen_q: Optional[int] = None, cu_seqlens_k_new: Optional[Tensor] = None,
-                 rotary_seqlens: Optional[Tensor] = None, qv: Optional[Tensor] = None):
+                 rotary_seqlens: Optional[Tensor] = None, qv: Optional[Tensor] = None,
+                 sinks: Optional[Tensor] = None, attention_chunk: int = 0):
     """FlashAttention's kvcache step; returns ``(out, lse)``.
 
     q is ``[B, Tq, Hq, D]``, or packed ``[total_q, Hq, D]`` with ``cu_seqlens_q``; k / v (optional) are
@@ -127,6 +136,7 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
     at consecutive positions when ``rotate_q_consecutive``, else all at the start. Duplicate cache_batch_idx
     rows: where their writes overlap, the highest batch row's tokens land (docs/flash_attn_compat.md). ``qv``
     (FlashAttention 3; like q with v's head dim): the scores are q . k + qv . v (with_qv), after q's rotation.
+    ``sinks`` and ``attention_chunk``: as attn_ops.attention_with_kvcache's.
     """
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     packed_q, packed_new = cu_seqlens_q is not None, cu_seqlens_k_new is not None
@@ -185,4 +195,5 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
     return ops.attention_with_kvcache(q, keys, v_cache, lens, block_table=block_table, scale=softmax_scale,
                                       causal=causal, window_left=window_size[0], window_right=window_size[1],
                                       softcap=softcap, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                                      cache_batch_idx=rows, cache_leftpad=leftpad)
+                                      cache_batch_idx=rows, cache_leftpad=leftpad, sinks=sinks,
+                                      attention_chunk=attention_chunk)

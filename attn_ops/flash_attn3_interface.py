@@ -9,7 +9,9 @@ q, k, v: FA3 has no ``dropout_p``) and return what it returns. Beyond FA3: keywo
 ``page_table=`` on ``flash_attn_varlen_func`` (packed queries over a paged cache, vLLM's ``block_table``).
 ``num_splits``, ``pack_gqa``, ``deterministic``, ``sm_margin`` and ``scheduler_metadata`` tune FA3's kernels
 and are accepted (results do not depend on them). Raised as ``NotImplementedError`` naming the argument: fp8
-descales (``q_descale`` / ``k_descale`` / ``v_descale``) and ``attention_chunk > 0``. ``qv`` (FA3's second
+descales (``q_descale`` / ``k_descale`` / ``v_descale``). ``attention_chunk`` is chunked-local attention (as
+attn_ops.attention's), and keyword-only ``learnable_sink=`` (FlashAttention 4's name) or ``s_aux=`` (vLLM's)
+give attention sinks [Hq] (attn_ops.attention's ``sinks``, differentiable). ``qv`` (FA3's second
 query, against v: scores ``q . k + qv . v``, MLA's absorbed attention) is taken by every function, any head dims
 (q's + qv's at most 1024), with FA3's default scale ``(D + Dv) ** -0.5``; the keys [k ; v] are a view where
 k and v sit side by side in one buffer (either order), else a copy per call.
@@ -21,7 +23,7 @@ import torch
 from torch import Tensor
 
 from . import ops
-from ._flash_attn_kvcache import FP8, kvcache_step, last_dim_contiguous, with_qv
+from ._flash_attn_kvcache import FP8, kvcache_step, last_dim_contiguous, sink_logits, with_qv
 from .parallel.merge import merge_attention_partials
 
 __all__ = [
@@ -36,15 +38,12 @@ __all__ = [
 _NAME = "attn_ops.flash_attn3_interface"
 
 
-def _check_supported(q: Tensor, q_descale=None, k_descale=None, v_descale=None, attention_chunk=0) -> None:
+def _check_supported(q: Tensor, q_descale=None, k_descale=None, v_descale=None) -> None:
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if value is not None:
             raise NotImplementedError(f"{_NAME}: {name} (fp8 descaling) is not supported")
     if q.dtype in FP8:
         raise NotImplementedError(f"{_NAME}: fp8 inputs are not supported, got {q.dtype}")
-    if attention_chunk:
-        raise NotImplementedError(f"{_NAME}: attention_chunk > 0 (chunked attention) is not supported, got "
-                                  f"{attention_chunk}")
 
 
 def _into(out: Optional[Tensor], result: Tensor) -> Tensor:
@@ -57,11 +56,12 @@ def _into(out: Optional[Tensor], result: Tensor) -> Tensor:
     return out.copy_(result)
 
 
-def _attention(q, k, v, softmax_scale, causal, window_size, softcap, qv=None, **varlen):
+def _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, qv=None, sinks=None, **varlen):
     q, k, v, qv = (last_dim_contiguous(t) for t in (q, k, v, qv))
     q, k = with_qv(q, qv, k, v)
     return ops.attention(q, k, v, scale=softmax_scale, causal=causal, window_left=window_size[0],
-                         window_right=window_size[1], softcap=softcap, **varlen)
+                         window_right=window_size[1], softcap=softcap, sinks=sinks, attention_chunk=attention_chunk,
+                         **varlen)
 
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
@@ -69,7 +69,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                               num_heads_q=None, sm_margin=0, return_attn_probs=False):
     """qkv [B, T, 3, H, D], or [B, T, Hq + 2 Hk, D] with ``num_heads_q`` = Hq (GQA) -> out [B, T, Hq, D];
     with return_attn_probs, (out, softmax_lse [B, Hq, T])."""
-    _check_supported(qkv, q_descale, k_descale, v_descale, attention_chunk)
+    _check_supported(qkv, q_descale, k_descale, v_descale)
     if qkv.dim() == 5:
         q, k, v = qkv.unbind(dim=-3)
     else:
@@ -80,17 +80,19 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
             raise ValueError(f"{_NAME}.flash_attn_qkvpacked_func: qkv has {qkv.shape[2]} heads, not num_heads_q = "
                              f"{num_heads_q} plus twice a number of key heads")
         q, k, v = qkv.split([num_heads_q, num_heads_k, num_heads_k], dim=-2)
-    out, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap)
+    out, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk)
     return (out, lse) if return_attn_probs else out
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                     v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None,
-                    deterministic=False, sm_margin=0, return_attn_probs=False, *, out=None):
+                    deterministic=False, sm_margin=0, return_attn_probs=False, *, out=None, learnable_sink=None,
+                    s_aux=None):
     """q [B, Tq, Hq, D], k [B, Tk, Hk, D], v [B, Tk, Hk, Dv] -> out [B, Tq, Hq, Dv] (differentiable); with
     return_attn_probs, (out, softmax_lse [B, Hq, Tq])."""
-    _check_supported(q, q_descale, k_descale, v_descale, attention_chunk)
-    result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, qv)
+    _check_supported(q, q_descale, k_descale, v_descale)
+    sinks = sink_logits(s_aux, learnable_sink, f"{_NAME}.flash_attn_func")
+    result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, qv, sinks)
     result = _into(out, result)
     return (result, lse) if return_attn_probs else result
 
@@ -123,7 +125,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                            v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, *,
-                           page_table=None, out=None):
+                           page_table=None, out=None, learnable_sink=None, s_aux=None):
     """Packed q [total_q, Hq, D] (or batched [B, Tq, Hq, D] with cu_seqlens_q None) and k / v [total_k, Hk, D]
     (or batched) with int32 cu_seqlens [B + 1] -> out like q with Dv; lse [Hq, total_q] ([B, Hq, Tq] batched).
 
@@ -132,7 +134,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (int32 [B, max_blocks]; an attn_ops extension, keyword only), k / v are paged caches
     [num_blocks, page_size, Hk, D] and sequence b's keys are its first seqused_k[b] cache entries (inference).
     """
-    _check_supported(q, q_descale, k_descale, v_descale, attention_chunk)
+    _check_supported(q, q_descale, k_descale, v_descale)
+    sinks = sink_logits(s_aux, learnable_sink, f"{_NAME}.flash_attn_varlen_func")
     batched_q = cu_seqlens_q is None
     if batched_q:
         batch, max_seqlen_q = q.shape[:2]
@@ -152,7 +155,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         result, lse = ops.attention_with_kvcache(
             queries, keys, v, lens, block_table=page_table, scale=softmax_scale, causal=causal,
             window_left=window_size[0], window_right=window_size[1], softcap=softcap, cu_seqlens_q=cu_q2,
-            max_seqlen_q=max_seqlen_q, cache_batch_idx=rows)
+            max_seqlen_q=max_seqlen_q, cache_batch_idx=rows, sinks=sinks, attention_chunk=attention_chunk)
     else:
         if cu_seqlens_k is None:
             max_seqlen_k = k.shape[1]
@@ -160,8 +163,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         v, _ = _packed(v, cu_seqlens_k)
         if seqused_q is not None or seqused_k is not None:
             cu_q, cu_k = _used_runs(cu_q, cu_k, seqused_q, seqused_k)
-        result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, qv, cu_seqlens_q=cu_q,
-                                 cu_seqlens_k=cu_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, qv, sinks,
+                                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_seqlen_q,
+                                 max_seqlen_k=max_seqlen_k)
     if batched_q:
         result = result.unflatten(0, (batch, -1))
         lse = lse.unflatten(1, (batch, -1)).transpose(0, 1)
@@ -215,6 +219,8 @@ def flash_attn_with_kvcache(
     return_softmax_lse=False,
     *,
     out=None,
+    learnable_sink=None,
+    s_aux=None,
 ):
     """FlashAttention 3's decode / chunked-prefill entry point: FA2's (attn_ops.flash_attn_interface) plus
     packed queries (``cu_seqlens_q`` [B + 1], ``max_seqlen_q``; q [total_q, Hq, D]), packed new keys
@@ -225,7 +231,8 @@ def flash_attn_with_kvcache(
     last two are FA3's split-KV scratch results, empty tensors here (the attention is never split into
     partials that the caller must combine).
     """
-    _check_supported(q, q_descale, k_descale, v_descale, attention_chunk)
+    _check_supported(q, q_descale, k_descale, v_descale)
+    sinks = sink_logits(s_aux, learnable_sink, f"{_NAME}.flash_attn_with_kvcache")
     capacity = k_cache.shape[1] if page_table is None else page_table.shape[1] * k_cache.shape[1]
     seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
     # FlashAttention 3 drops a window side that spans everything (left >= seqlen_k - 1, right >= seqlen_q - 1);
@@ -235,7 +242,8 @@ def flash_attn_with_kvcache(
                                cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
                                rotary_interleaved, rotate_q_consecutive=causal or windowed,
                                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                               cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens, qv=qv)
+                               cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens, qv=qv, sinks=sinks,
+                               attention_chunk=attention_chunk)
     result = _into(out, result)
     if not return_softmax_lse:
         return result
@@ -250,7 +258,4 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
                            has_softcap=False, num_splits=0, pack_gqa=None, sm_margin=0):
     """FA3 plans its split-KV schedule ahead here; attn_ops needs no plan, so this returns an empty int32 tensor
     on cache_seqlens' device, which ``flash_attn_with_kvcache(..., scheduler_metadata=)`` accepts."""
-    if attention_chunk:
-        raise NotImplementedError(f"{_NAME}: attention_chunk > 0 (chunked attention) is not supported, got "
-                                  f"{attention_chunk}")
     return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)

@@ -10,7 +10,9 @@ Each function takes FlashAttention 2's arguments with its semantics and is a thi
 ``alibi_slopes``, fp8 inputs. ``deterministic`` and ``num_splits`` are accepted and ignored (the
 results do not depend on them). With ``return_attn_probs=True`` the functions return
 ``(out, softmax_lse, None)``: the lse as FlashAttention gives it, no attention probabilities (those
-only exist for dropout in FlashAttention too). FlashAttention 3's surface is attn_ops.flash_attn3_interface;
+only exist for dropout in FlashAttention too). ``flash_attn_func``, ``flash_attn_varlen_func`` and
+``flash_attn_with_kvcache`` also take keyword-only attention sinks [Hq] as ``s_aux=`` (vLLM's name) or
+``learnable_sink=`` (FlashAttention 4's): attn_ops.attention's ``sinks``. FlashAttention 3's surface is attn_ops.flash_attn3_interface;
 attn_ops.flash_attn_shim serves both under FlashAttention's own module names.
 """
 
@@ -19,7 +21,7 @@ from typing import Optional, Tuple, Union
 from torch import Tensor
 
 from . import ops
-from ._flash_attn_kvcache import FP8, kvcache_step, last_dim_contiguous
+from ._flash_attn_kvcache import FP8, kvcache_step, last_dim_contiguous, sink_logits
 
 __all__ = [
     "flash_attn_func",
@@ -45,19 +47,20 @@ def _result(out: Tensor, lse: Tensor, return_lse: bool):
     return (out, lse, None) if return_lse else out
 
 
-def _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, **varlen):
+def _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, sinks=None, **varlen):
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(q, k, v, scale=softmax_scale, causal=causal, window_left=window_size[0],
-                             window_right=window_size[1], softcap=softcap, **varlen)
+                             window_right=window_size[1], softcap=softcap, sinks=sinks, **varlen)
     return _result(out, lse, return_attn_probs)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, s_aux=None, learnable_sink=None):
     """q [B, Tq, Hq, D], k [B, Tk, Hk, D], v [B, Tk, Hk, Dv] -> out [B, Tq, Hq, Dv] (differentiable);
     with return_attn_probs, (out, softmax_lse [B, Hq, Tq], None)."""
     _check_supported(q, dropout_p, alibi_slopes)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs)
+    sinks = sink_logits(s_aux, learnable_sink, "attn_ops.flash_attn_interface.flash_attn_func")
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, sinks)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -78,20 +81,22 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *, s_aux=None,
+                           learnable_sink=None):
     """Packed q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv] with int32 cu_seqlens [B + 1]
     -> out [total_q, Hq, Dv]; lse [Hq, total_q]. With block_table, k and v are paged caches
     [num_blocks, block_size, Hk, D] and sequence b's keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b]
     cache entries (inference only)."""
     _check_supported(q, dropout_p, alibi_slopes)
+    sinks = sink_logits(s_aux, learnable_sink, "attn_ops.flash_attn_interface.flash_attn_varlen_func")
     if block_table is not None:
         seqlens_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         out, lse = ops.attention_with_kvcache(q, k, v, seqlens_k, block_table=block_table, scale=softmax_scale,
                                               causal=causal, window_left=window_size[0],
                                               window_right=window_size[1], softcap=softcap,
-                                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+                                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, sinks=sinks)
         return _result(out, lse, return_attn_probs)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs,
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, sinks,
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k)
 
@@ -138,6 +143,9 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    *,
+    s_aux: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ):
     """FlashAttention 2's decode / chunked-prefill entry point.
 
@@ -151,11 +159,12 @@ def flash_attn_with_kvcache(
     Returns out [B, Tq, Hq, Dv], or (out, softmax_lse [B, Hq, Tq]) with return_softmax_lse.
     """
     _check_supported(q, 0.0, alibi_slopes)
+    sinks = sink_logits(s_aux, learnable_sink, "attn_ops.flash_attn_interface.flash_attn_with_kvcache")
     capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     # FlashAttention 2 drops a window side that spans the cache (>= its capacity) before it picks the rotary
     # query positions: consecutive when causal or windowed, all at cache_seqlens[b] else.
     windowed = any(0 <= side < capacity for side in window_size)
     out, lse = kvcache_step(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                            rotary_interleaved, rotate_q_consecutive=causal or windowed)
+                            rotary_interleaved, rotate_q_consecutive=causal or windowed, sinks=sinks)
     return (out, lse) if return_softmax_lse else out

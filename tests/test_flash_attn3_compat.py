@@ -222,8 +222,6 @@ def test_fa3_out_argument():
     ("flash_attn_func", {"q_descale": torch.ones(1)}, "q_descale (fp8 descaling) is not supported"),
     ("flash_attn_varlen_func", {"v_descale": torch.ones(1)}, "v_descale (fp8 descaling) is not supported"),
     ("flash_attn_with_kvcache", {"k_descale": torch.ones(1)}, "k_descale (fp8 descaling) is not supported"),
-    ("flash_attn_with_kvcache", {"attention_chunk": 8}, "attention_chunk > 0 (chunked attention) is not supported"),
-    ("flash_attn_qkvpacked_func", {"attention_chunk": 4}, "attention_chunk > 0 (chunked attention)"),
 ])
 def test_fa3_unsupported_arguments_raise(name, kw, message):
     q = torch.randn(1, 4, 2, 16)
@@ -353,3 +351,52 @@ def test_qv_kvcache_compiles_fullgraph():
     got = torch.compile(step, fullgraph=True)(buf_compiled)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(buf_compiled, buf_eager)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention sinks (s_aux / learnable_sink) and attention_chunk through both modules
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sink_name", ["s_aux", "learnable_sink"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sinks_and_chunk_through_flash_attn_func(sink_name, dtype):
+    q, k, v = (torch.randn(2, 40, h, 32, dtype=dtype) for h in (8, 2, 2))
+    sinks = torch.randn(8)
+    ref = attention_ref(q, k, v, causal=True, sinks=sinks, attention_chunk=16)
+    same = same_dtype_ref(attention_ref, q, k, v, causal=True, sinks=sinks, attention_chunk=16, compute_dtype=dtype)
+    out = fa3.flash_attn_func(q, k, v, causal=True, attention_chunk=16, **{sink_name: sinks})
+    assert_close_to_ref(out, ref[0], same[0], name="fa3 out")
+    ref = attention_ref(q, k, v, causal=True, sinks=sinks)
+    same = same_dtype_ref(attention_ref, q, k, v, causal=True, sinks=sinks, compute_dtype=dtype)
+    assert_close_to_ref(fa2.flash_attn_func(q, k, v, causal=True, **{sink_name: sinks}), ref[0], same[0],
+                        name="fa2 out")
+
+
+def test_sinks_and_chunk_through_varlen_and_kvcache():
+    lens = [5, 0, 33]
+    q, k, v = (torch.randn(sum(lens), h, 16, dtype=torch.float64) for h in (4, 2, 2))
+    sinks = torch.randn(4, dtype=torch.float64)
+    c = cu(lens)
+    ref_out, ref_lse = attention_ref(q, k, v, cu_seqlens_q=c, cu_seqlens_k=c, causal=True, sinks=sinks,
+                                     attention_chunk=8)
+    for module, kw in ((fa3, dict(attention_chunk=8, learnable_sink=sinks)), (fa2, dict(s_aux=sinks))):
+        out, lse = module.flash_attn_varlen_func(q, k, v, c, c, 33, 33, causal=True, return_attn_probs=True,
+                                                 **kw)[:2]
+        expected = ref_out if module is fa3 else attention_ref(q, k, v, cu_seqlens_q=c, cu_seqlens_k=c, causal=True,
+                                                               sinks=sinks)[0]
+        torch.testing.assert_close(out, expected)
+    # decode over a cache: the new token appended, then attention with the sink
+    kc, vc = torch.zeros(2, 32, 2, 16, dtype=torch.float64), torch.zeros(2, 32, 2, 16, dtype=torch.float64)
+    keys, values = torch.randn(2, 20, 2, 16, dtype=torch.float64), torch.randn(2, 20, 2, 16, dtype=torch.float64)
+    kc[:, :20], vc[:, :20] = keys, values
+    qd = torch.randn(2, 1, 4, 16, dtype=torch.float64)
+    out = fa3.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=20, causal=True, attention_chunk=8,
+                                      learnable_sink=sinks)
+    torch.testing.assert_close(out, attention_ref(qd, keys, values, causal=True, sinks=sinks, attention_chunk=8)[0])
+    out = fa2.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=20, causal=True, s_aux=sinks)
+    torch.testing.assert_close(out, attention_ref(qd, keys, values, causal=True, sinks=sinks)[0])
+
+
+def test_both_sink_names_are_refused():
+    q = torch.randn(1, 4, 2, 16)
+    with pytest.raises(ValueError, match="give the attention sinks as s_aux or as learnable_sink, not both"):
+        fa3.flash_attn_func(q, q, q, s_aux=torch.zeros(2), learnable_sink=torch.zeros(2))

@@ -80,8 +80,11 @@ FA3 = {
                                ("sm_margin", 0)],
 }
 # attn_ops extensions: keyword-only, after FlashAttention's parameters, default None
-FA3_EXTRA = {"flash_attn_func": ["out"], "flash_attn_varlen_func": ["page_table", "out"],
-             "flash_attn_with_kvcache": ["out"]}
+SINKS = ["s_aux", "learnable_sink"]
+FA2_EXTRA = {name: SINKS for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache")}
+FA3_EXTRA = {"flash_attn_func": ["out", "learnable_sink", "s_aux"],
+             "flash_attn_varlen_func": ["page_table", "out", "learnable_sink", "s_aux"],
+             "flash_attn_with_kvcache": ["out", "learnable_sink", "s_aux"]}
 PADDING = {
     "index_first_axis": [("input", REQ), ("indices", REQ)],
     "index_put_first_axis": [("values", REQ), ("indices", REQ), ("first_axis_dim", REQ)],
@@ -91,7 +94,7 @@ PADDING = {
 ROTARY = {"apply_rotary_emb": [("x", REQ), ("cos", REQ), ("sin", REQ), ("interleaved", False), ("inplace", False),
                                ("seqlen_offsets", 0), ("cu_seqlens", None), ("max_seqlen", None)]}
 
-CASES = [(fa2, FA2, {}), (fa3, FA3, FA3_EXTRA), (flash_attn_padding, PADDING, {}), (flash_attn_rotary, ROTARY, {})]
+CASES = [(fa2, FA2, FA2_EXTRA), (fa3, FA3, FA3_EXTRA), (flash_attn_padding, PADDING, {}), (flash_attn_rotary, ROTARY, {})]
 
 
 def _default(value):
