@@ -1,8 +1,9 @@
 """attn_implementation="attn_ops" in HuggingFace transformers (attn_ops.integrations.transformers).
 
 Tiny randomly initialised models built from configs (no download): Llama (GQA), Mistral (sliding
-window smaller than the prompt), Qwen2 (q/k/v bias; layer 0 full, layer 1 sliding) and Gemma-2
-(logit softcap, sliding/full layers, query_pre_attn_scalar scaling). Weights are drawn with a large
+window smaller than the prompt), Qwen2 (q/k/v bias; layer 0 full, layer 1 sliding), Gemma-2
+(logit softcap, sliding/full layers, query_pre_attn_scalar scaling) and gpt-oss (attention sinks on
+sliding and full layers). Weights are drawn with a large
 initializer_range so that attention logits are O(1): softcap, scaling and masks all change the
 result well beyond the tolerances.
 
@@ -37,6 +38,10 @@ MODELS = {
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config",
                {"head_dim": 16, "sliding_window": 4, "attn_logit_softcapping": 1.5,
                 "final_logit_softcapping": None, "query_pre_attn_scalar": 8}),
+    # learned attention sinks (s_aux) on sliding and full layers, MoE MLP
+    "gpt_oss": ("GptOssForCausalLM", "GptOssConfig",
+                {"head_dim": 16, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"],
+                 "num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 BATCH, PROMPT = 3, 10
 PADDINGS = [None, "left", "right"]
@@ -69,6 +74,7 @@ def build(name, dtype):
     """A randomly initialised model of MODELS[name] in `dtype`, and its float64 copy."""
     model_cls, config_cls, extra = MODELS[name]
     config = getattr(transformers, config_cls)(**COMMON, **extra)
+    config._experts_implementation = "eager"  # gpt-oss's MoE: grouped_mm has no float64
     model32 = getattr(transformers, model_cls)(config).eval()
     model64 = copy.deepcopy(model32).double()
     return (model64 if dtype == torch.float64 else model32.to(dtype)), model64
@@ -126,6 +132,16 @@ def test_masks_change_the_result():
     model.config.sliding_window = None
     no_window = logits(model, "attn_ops", ids, None)
     assert (no_window[:, 4:] - unpadded[:, 4:]).abs().max() > 1e-2
+
+
+def test_sinks_change_the_result():
+    """gpt-oss's comparisons can fail: dropping its attention sinks (a -inf sink weighs nothing) is caught."""
+    model, _ = build("gpt_oss", torch.float32)
+    ids, _ = prompt(None)
+    ours = logits(model, "attn_ops", ids, None)
+    for layer in model.model.layers:
+        layer.self_attn.sinks.data.fill_(float("-inf"))
+    assert (logits(model, "attn_ops", ids, None) - ours).abs().max() > 1e-2
 
 
 # --------------------------------------------------------------------------------------------------

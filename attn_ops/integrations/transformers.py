@@ -24,12 +24,11 @@ Each row's real tokens must be one contiguous run: left padding, right padding, 
 unused tail all are.
 
 Supported: causal (bottom-right aligned, so decoding over a cache needs no mask), ``scaling``,
-``sliding_window``, ``softcap``, GQA/MQA, padding, ``DynamicCache`` / ``StaticCache`` generation,
+``sliding_window``, ``softcap``, attention sinks (gpt-oss's ``s_aux``), GQA/MQA, padding, ``DynamicCache`` / ``StaticCache`` generation,
 ``torch.compile(fullgraph=True)``; bidirectional masks pad keys only, as transformers' do (encoders,
 cross-attention). Not supported (clear errors): attention dropout, 4-D masks, custom
 ``or_mask_function`` / ``and_mask_function``, prefix-LM / block masks, chunked attention, packed
-sequences given only by ``position_ids``, attention sinks (``s_aux``) and position biases. See
-docs/transformers.md.
+sequences given only by ``position_ids`` and position biases. See docs/transformers.md.
 """
 import warnings
 from typing import Optional, Tuple
@@ -51,7 +50,7 @@ NAME = "attn_ops"
 # The transformers minor release this adapter is tested against (setup.py's `transformers` extra).
 TESTED_MINOR = (5, 17)
 # Keyword arguments of other attention implementations that attn_ops cannot honour.
-_UNSUPPORTED_KWARGS = ("s_aux", "position_bias")
+_UNSUPPORTED_KWARGS = ("position_bias",)
 
 
 def register() -> str:
@@ -224,6 +223,8 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
             (transformers' convention; also after it when not causal).
         softcap: logits become ``softcap * tanh(logits / softcap)`` (Gemma-2).
         is_causal: default ``module.is_causal`` (True when the module has no such attribute).
+        s_aux: attention sinks ``[Hq]`` (gpt-oss): ``exp(s_aux[h])`` joins each row's softmax
+            denominator; differentiable.
     """
     if dropout:
         raise ValueError(f"attn_ops attention has no dropout, got dropout={dropout} (the model's "
@@ -240,7 +241,7 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
         is_causal = getattr(module, "is_causal", True)
     window = sliding_window - 1 if sliding_window else -1
     options = dict(scale=scaling, causal=bool(is_causal), window_left=window, window_right=window,
-                   softcap=softcap or 0.0)
+                   softcap=softcap or 0.0, sinks=kwargs.get("s_aux"))
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if attention_mask is None:
         return ops.attention(q, k, v, **options)[0], None
