@@ -267,3 +267,23 @@ def test_backward_rejects_negative_chunk():
     out, lse = attn_ops.attention(q, k, v)
     expect_error("attention_backward", "attention_chunk must be >= 0 (0 disables chunking), got -2",
                  torch.ones_like(out), q, k, v, out, lse, attention_chunk=-2, exact=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------------------
+def test_module_options_and_tensor_parallel_shard():
+    """GroupedQueryAttention(sinks=True) holds gpt-oss's parameter (numerics: tests/test_nn_modules.py); a
+    tensor-parallel shard keeps its own heads' sinks and the chunk."""
+    from attn_ops.nn import GroupedQueryAttention
+    from attn_ops.parallel.layers import TensorParallelGroupedQueryAttention
+    module = GroupedQueryAttention(64, 4, 2, sinks=True, attention_chunk=8)
+    assert module.sinks.shape == (4,) and module.sinks.requires_grad and "sinks" in module.state_dict()
+    assert "sinks=True, attention_chunk=8" in repr(module)
+    assert GroupedQueryAttention(64, 4, 2).sinks is None
+    with torch.no_grad():
+        module.sinks.copy_(torch.randn(4))
+    shard = TensorParallelGroupedQueryAttention.from_module(module, 1, 2, None)
+    assert torch.equal(shard.sinks, module.sinks[2:]) and shard.attention_chunk == 8
+    with pytest.raises(ValueError, match="attention_chunk must be >= 0"):
+        GroupedQueryAttention(64, 4, 2, attention_chunk=-1)

@@ -49,10 +49,12 @@ class RefAttention(nn.Module):
     """The GroupedQueryAttention computation written out in plain PyTorch, same parameter names."""
 
     def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, bias, sliding_window,
-                 interleaved):
+                 interleaved, sinks=False, chunk=0):
         super().__init__()
         self.h, self.hkv, self.d = num_heads, num_kv_heads, head_dim
-        self.window, self.interleaved = sliding_window, interleaved
+        self.window, self.interleaved, self.chunk = sliding_window, interleaved, chunk
+        # gpt-oss eager: one more score column per head, dropped after the softmax
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
@@ -62,7 +64,8 @@ class RefAttention(nn.Module):
     def like(cls, mod, dtype, interleaved):
         """`mod`'s weights in `dtype`; the rotary convention is the caller's (from the configuration)."""
         ref = cls(mod.hidden_size, mod.num_heads, mod.num_kv_heads, mod.head_dim,
-                  mod.q_proj.bias is not None, mod.sliding_window, interleaved)
+                  mod.q_proj.bias is not None, mod.sliding_window, interleaved, mod.sinks is not None,
+                  mod.attention_chunk)
         ref = ref.to(device=mod.q_proj.weight.device, dtype=dtype)
         ref.load_state_dict(mod.state_dict())  # casts the module's values into `dtype`
         return ref
@@ -87,10 +90,14 @@ class RefAttention(nn.Module):
         visible = j <= i
         if self.window is not None:
             visible = visible & (i - j < self.window)
+        if self.chunk:  # Llama 4's chunked layers
+            visible = visible & (i // self.chunk == j // self.chunk)
         scores = scores.masked_fill(~visible, float("-inf"))
+        if self.sinks is not None:
+            scores = torch.cat([scores, self.sinks.to(scores.dtype).view(1, -1, 1, 1).expand(B, -1, T, 1)], -1)
         # HF eager: softmax in float32 for low-precision inputs (float64 stays float64)
         p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
-        p = p.to(q.dtype)
+        p = p[..., :T].to(q.dtype)
         out = torch.matmul(p, v).transpose(1, 2).reshape(B, T, self.h * self.d)
         return self.o_proj(out)
 
@@ -123,6 +130,9 @@ CONFIGS = {
     "window3_bias_interleaved": dict(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
                                      bias=True, sliding_window=3, rope_interleaved=True),
     "window1": dict(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16, sliding_window=1),
+    # gpt-oss's sliding layers (learned sinks, a window) and Llama 4's chunked layers
+    "sinks_window4": dict(hidden_size=64, num_heads=4, num_kv_heads=2, sliding_window=4, sinks=True),
+    "chunk6": dict(hidden_size=64, num_heads=4, num_kv_heads=1, attention_chunk=6),
 }
 
 
@@ -247,7 +257,7 @@ def test_gqa_softmax_scale():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=["f32", "f64", "f16"])
 @pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "interleaved", "window5",
-                                  "window3_bias_interleaved"])
+                                  "window3_bias_interleaved", "sinks_window4", "chunk6"])
 def test_backward_matches_reference(name, dtype, device):
     mod = build(name, dtype, device)
     B, T = 2, 17
@@ -269,7 +279,9 @@ def test_backward_matches_reference(name, dtype, device):
     assert set(ours) == set(g64)
     for n in ours:
         assert ours[n] is not None, n
-        assert_close_to_ref(ours[n], g64[n], gs[n], name=f"grad {n}")
+        # The sinks' gradient sums P_sink * rowsum(dout * out) over every row, out rounded to the dtype first (as
+        # FlashAttention's delta is): that rounding is the floor's rounded intermediate.
+        assert_close_to_ref(ours[n], g64[n], gs[n], name=f"grad {n}", rounded_intermediates=n == "sinks")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,7 +298,7 @@ CACHE_KINDS = ["contig", "paged1", "paged16"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-@pytest.mark.parametrize("name", ["gqa", "window5", "qwen2_bias"])
+@pytest.mark.parametrize("name", ["gqa", "window5", "qwen2_bias", "sinks_window4", "chunk6"])
 @pytest.mark.parametrize("kind", CACHE_KINDS)
 def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
     """model_helpers.check_prefill_then_decode through a 2-layer stack sharing one cache (bfloat16:

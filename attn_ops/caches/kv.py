@@ -59,14 +59,17 @@ class _KVCacheBase(_CacheBase):
         return self.v[0].shape[-1]
 
     def attend(self, layer_idx: int, q: Tensor, *, scale: Optional[float] = None,
-               window_left: int = -1, softcap: float = 0.0) -> Tensor:
+               window_left: int = -1, softcap: float = 0.0, sinks: Optional[Tensor] = None,
+               attention_chunk: int = 0) -> Tensor:
         """Causal attention of ``q [B, T, Hq, D]`` (the ``T`` tokens just appended) over layer
-        ``layer_idx``'s cache: ``[B, T, Hq, Dv]``."""
+        ``layer_idx``'s cache: ``[B, T, Hq, Dv]``; ``sinks`` / ``attention_chunk`` as
+        :func:`attn_ops.attention_with_kvcache`'s (chunks at cache positions)."""
         self._check_layer(layer_idx)
         B, T = q.shape[0], q.shape[1]
         (k, v), block_table = self._layout((self.k[layer_idx], self.v[layer_idx]), B)
         out, _ = _ops.attention_with_kvcache(q, k, v, self._rows(self.seqlens, B) + T, block_table=block_table,
-                                             scale=scale, causal=True, window_left=window_left, softcap=softcap)
+                                             scale=scale, causal=True, window_left=window_left, softcap=softcap,
+                                             sinks=sinks, attention_chunk=attention_chunk)
         return out
 
 

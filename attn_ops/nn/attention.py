@@ -45,6 +45,11 @@ class GroupedQueryAttention(RotaryTables):
         rope_theta, max_position_embeddings: the rotary base and table length (positions must be
             below it).
         softmax_scale: logit scale, default ``1 / sqrt(head_dim)`` (keyword-only; HF's ``scaling``).
+        sinks: learned attention sinks as gpt-oss has them (keyword-only): a parameter ``sinks``
+            ``[num_heads]``, initialised to 0, whose ``exp(sinks[h])`` joins every softmax denominator of
+            head ``h`` (:func:`attn_ops.attention`'s ``sinks``); gpt-oss checkpoints load it by name.
+        attention_chunk: chunked-local attention as Llama 4's chunked layers (keyword-only; 0: none): a
+            query at position ``p`` sees only keys at positions ``p // C * C .. p``.
 
     :meth:`from_linear` wraps a model's existing projections (docs/module_swap.md);
     :func:`attn_ops.tensor_parallel` shards the heads over ranks (docs/distributed.md).
@@ -53,7 +58,8 @@ class GroupedQueryAttention(RotaryTables):
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: Optional[int] = None,
                  bias: bool = False, rope_theta: float = 10000.0, sliding_window: Optional[int] = None,
                  rope_interleaved: bool = False, max_position_embeddings: int = 4096, device=None,
-                 dtype=None, *, softmax_scale: Optional[float] = None):
+                 dtype=None, *, softmax_scale: Optional[float] = None, sinks: bool = False,
+                 attention_chunk: int = 0):
         super().__init__()
         check_positive("hidden_size", hidden_size)
         check_positive("num_heads", num_heads)  # before the division below (0 raised ZeroDivisionError)
@@ -70,6 +76,9 @@ class GroupedQueryAttention(RotaryTables):
             raise ValueError(f"head_dim must be even and >= 2 for rotary embeddings, got {head_dim}")
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+        if attention_chunk < 0:
+            raise ValueError(f"attention_chunk must be >= 0 (0: no chunking), got {attention_chunk}")
+        self.attention_chunk = int(attention_chunk)
         self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
         self.head_dim = head_dim
         self.softmax_scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -80,6 +89,7 @@ class GroupedQueryAttention(RotaryTables):
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **fk)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **fk)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False, **fk)
+        self.sinks = nn.Parameter(torch.zeros(num_heads, **fk)) if sinks else None
         self._init_rotary(head_dim, rope_theta, max_position_embeddings, dtype, device)
 
     @classmethod
@@ -166,12 +176,13 @@ class GroupedQueryAttention(RotaryTables):
         # with a cache, rotate in place (tensors that require grad still rotate out of place)
         rope = dict(interleaved=self.rope_interleaved, in_place=cache is not None)
         q, k = rotate(q, cos, sin, positions, **rope), rotate(k, cos, sin, positions, **rope)
+        pattern = dict(sinks=self.sinks, attention_chunk=self.attention_chunk)
         if cache is None:
             out, _ = _ops.attention(q, k, v, scale=self.softmax_scale, causal=True,
-                                    window_left=self.window_left)
+                                    window_left=self.window_left, **pattern)
         else:
             cache.append(layer_idx, k, v)
-            out = cache.attend(layer_idx, q, scale=self.softmax_scale, window_left=self.window_left)
+            out = cache.attend(layer_idx, q, scale=self.softmax_scale, window_left=self.window_left, **pattern)
             if layer_idx == cache.num_layers - 1:
                 cache.advance(T, B)
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
@@ -186,6 +197,10 @@ class GroupedQueryAttention(RotaryTables):
             s += ", rope_interleaved=True"
         if self.sliding_window is not None:
             s += f", sliding_window={self.sliding_window}"
+        if self.sinks is not None:
+            s += ", sinks=True"
+        if self.attention_chunk:
+            s += f", attention_chunk={self.attention_chunk}"
         return s
 
 

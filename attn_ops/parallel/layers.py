@@ -122,7 +122,10 @@ class TensorParallelGroupedQueryAttention(GroupedQueryAttention):
         local = cls(module.hidden_size, q_local, kv_local, D, rope_theta=module.rope_theta,
                     sliding_window=module.sliding_window, rope_interleaved=module.rope_interleaved,
                     max_position_embeddings=module.max_position_embeddings, device="meta",
-                    dtype=module.q_proj.weight.dtype, softmax_scale=module.softmax_scale)
+                    dtype=module.q_proj.weight.dtype, softmax_scale=module.softmax_scale,
+                    attention_chunk=module.attention_chunk)
+        if module.sinks is not None:  # this rank's heads' sinks (a copy, as the weights)
+            local.sinks = torch.nn.Parameter(module.sinks.detach()[rank * q_local:(rank + 1) * q_local].clone())
         local.group = group
         column = functools.partial(ColumnParallelLinear.shard, group=group, copy_input=False)
         local.q_proj = column(module.q_proj, rank * q_local * D, q_local * D)
