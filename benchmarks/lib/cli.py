@@ -25,7 +25,7 @@ def add_common_args(p, *, repeats_help: str = "samples per median (default: CPU 
 
 def add_decode_sweep_args(p, *, rounds: int):
     """The case options of the CPU decode scripts that time variants in turn (decode_huge_pages.py,
-    decode_paged_layout.py, decode_build_ab.py): dtypes, batch, context and rounds."""
+    decode_paged_layout.py, build_ab.py): dtypes, batch, context and rounds."""
     p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float16", "float32"])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--context", type=int, default=4096)

@@ -1,4 +1,4 @@
-"""Two builds of attn_ops compared on the CPU decode (GQA and MLA), in turn: each round runs every build once, in a fresh
+"""Two builds of attn_ops compared on the CPU decode (GQA and MLA) and prefill (forward, forward+backward), in turn: each round runs every build once, in a fresh
 process, over the same cases, and reports per case the median over rounds of each build's median call time,
 with the copy bandwidth each process measured next to its calls.
 
@@ -7,7 +7,7 @@ between runs, so the builds take turns instead of running one after the other. A
 holds an `attn_ops` package with its compiled library (a copy of the repository's `attn_ops/` after a build).
 
   cp -r attn_ops /tmp/ab/old/            # before the change (built)
-  python benchmarks/experiments/decode_build_ab.py old=/tmp/ab/old new=. --dtype bfloat16 float32 \\
+  python benchmarks/experiments/build_ab.py old=/tmp/ab/old new=. --dtype bfloat16 float32 \\
       --layout bshd paged16 bhtd paged16hm --rounds 5
 
 Layouts (GQA --hq / 8, D=128, every row at the full context; MLA: --hq heads, kv_lora_rank 512 + rope 64):
@@ -16,8 +16,10 @@ Layouts (GQA --hq / 8, D=128, every row at the full context; MLA: --hq heads, kv
   paged16   [num_blocks, 16, Hkv, D] blocks under a shuffled block table
   paged16hm [num_blocks, Hkv, 16, D] blocks passed as .transpose(1, 2) views (PagedKVCache's on the CPU)
   mla       attn_ops.mla_decode over a contiguous [B, T, 576] latent cache
+  prefill   causal attn_ops.attention forward of [B, T, Hq, D] over [B, T, 8, D] (T = --context)
+  fwdbwd    the same forward and its backward (out.sum() backward)
 
-  python benchmarks/experiments/decode_build_ab.py old=/tmp/ab/old new=. --layout mla --hq 16 --batch 16
+  python benchmarks/experiments/build_ab.py old=/tmp/ab/old new=. --layout mla --hq 16 --batch 16
 """
 
 import argparse
@@ -31,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from cli import add_decode_sweep_args  # noqa: E402
 from timing import medians_in_turn  # noqa: E402
 
-LAYOUTS = ("bshd", "bhtd", "paged16", "paged16hm", "mla")
+LAYOUTS = ("bshd", "bhtd", "paged16", "paged16hm", "mla", "prefill", "fwdbwd")
 HKV, D, BLOCK = 8, 128, 16
 MLA_RANK, MLA_ROPE = 512, 64
 
@@ -61,7 +63,16 @@ def time_case(attn_ops, case, repeats):
     dtype_name, layout, batch, context, hq = case.split(":")
     dtype, batch, context, hq = getattr(torch, dtype_name), int(batch), int(context), int(hq)
     lens = torch.full((batch,), context, dtype=torch.int32)
-    if layout == "mla":
+    if layout in ("prefill", "fwdbwd"):
+        grad = layout == "fwdbwd"
+        q = torch.empty(batch, context, hq, D, dtype=dtype).uniform_(-1, 1).requires_grad_(grad)
+        k, v = (torch.empty(batch, context, HKV, D, dtype=dtype).uniform_(-1, 1).requires_grad_(grad) for _ in "kv")
+        nbytes = 0  # compute-bound: no bandwidth column
+        if grad:
+            ours = lambda: attn_ops.attention(q, k, v, causal=True)[0].sum().backward()
+        else:
+            ours = lambda: attn_ops.attention(q, k, v, causal=True)
+    elif layout == "mla":
         latent = torch.empty(batch, context, MLA_RANK + MLA_ROPE, dtype=dtype).uniform_(-1, 1)
         q_latent = torch.empty(batch, 1, hq, MLA_RANK, dtype=dtype).uniform_(-1, 1)
         q_rope = torch.empty(batch, 1, hq, MLA_ROPE, dtype=dtype).uniform_(-1, 1)
@@ -73,14 +84,14 @@ def time_case(attn_ops, case, repeats):
         q = torch.empty(batch, 1, hq, D, dtype=dtype).uniform_(-1, 1)
         nbytes = 2 * batch * context * HKV * D * dtype.itemsize
         ours = lambda: attn_ops.attention_with_kvcache(q, k, v, lens, block_table=table)
-    src = torch.empty(nbytes // 4).uniform_()
+    src = torch.empty(max(nbytes, 1 << 26) // 4).uniform_()
     dst = torch.empty_like(src)
     calls = {"ours": ours, "copy": lambda: dst.copy_(src)}
     for call in calls.values():
         call()  # warm-up
     medians = medians_in_turn(calls, repeats)
     ours, copy = medians["ours"], medians["copy"]
-    return {"ours_s": ours, "gbs": nbytes / ours / 1e9, "copy_gbs": 2 * nbytes / copy / 1e9}
+    return {"ours_s": ours, "gbs": nbytes / ours / 1e9, "copy_gbs": 2 * src.numel() * 4 / copy / 1e9}
 
 
 def worker(args):
@@ -120,7 +131,7 @@ def main():
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd="/").stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     first = next(iter(builds))
-    print(f"command: python benchmarks/experiments/decode_build_ab.py {' '.join(args.builds)} --dtype {' '.join(args.dtype)} "
+    print(f"command: python benchmarks/experiments/build_ab.py {' '.join(args.builds)} --dtype {' '.join(args.dtype)} "
           f"--layout {' '.join(args.layout)} --batch {args.batch} --context {args.context} --hq {args.hq} "
           f"--rounds {args.rounds} "
           f"--repeats {args.repeats}")
@@ -141,7 +152,7 @@ def main():
             times[name] = statistics.median(r["ours_s"] for r in rs)
             gbs = statistics.median(r["gbs"] for r in rs)
             pct = statistics.median(r["gbs"] / r["copy_gbs"] for r in rs)
-            cells.append(f"{times[name] * 1e3:.1f} ms, {gbs:.1f} GB/s, {pct:.0%}")
+            cells.append(f"{times[name] * 1e3:.1f} ms" + (f", {gbs:.1f} GB/s, {pct:.0%}" if gbs else ""))
         ratios = [f"{times[first] / times[n]:.2f}" for n in names[1:]]
         print(f"| {dtype_name} | {layout} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
 
