@@ -12,8 +12,8 @@ results do not depend on them). With ``return_attn_probs=True`` the functions re
 ``(out, softmax_lse, None)``: the lse as FlashAttention gives it, no attention probabilities (those
 only exist for dropout in FlashAttention too). ``flash_attn_func``, ``flash_attn_varlen_func`` and
 ``flash_attn_with_kvcache`` also take keyword-only attention sinks [Hq] as ``s_aux=`` (vLLM's name) or
-``learnable_sink=`` (FlashAttention 4's): attn_ops.attention's ``sinks``. FlashAttention 3's surface is attn_ops.flash_attn3_interface;
-attn_ops.flash_attn_shim serves both under FlashAttention's own module names.
+``learnable_sink=`` (FlashAttention 4's): attn_ops.attention's ``sinks``. FlashAttention 3's surface is
+attn_ops.flash_attn3_interface; attn_ops.flash_attn_shim serves both under FlashAttention's own module names.
 """
 
 from typing import Optional, Tuple, Union
@@ -55,7 +55,8 @@ def _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, s_aux=None, learnable_sink=None):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, s_aux=None,
+                    learnable_sink=None):
     """q [B, Tq, Hq, D], k [B, Tk, Hk, D], v [B, Tk, Hk, Dv] -> out [B, Tq, Hq, Dv] (differentiable);
     with return_attn_probs, (out, softmax_lse [B, Hq, Tq], None)."""
     _check_supported(q, dropout_p, alibi_slopes)

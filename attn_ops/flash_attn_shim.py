@@ -31,7 +31,6 @@ import importlib.machinery
 import importlib.metadata
 import runpy
 import sys
-import types
 from typing import Dict, Optional, Tuple
 
 __all__ = ["FLASH_ATTN_VERSION", "install", "installed", "uninstall"]
@@ -98,7 +97,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 
     def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
         wanted = context.name
-        norm = (lambda n: n.lower().replace("_", "-"))
+
+        def norm(n):
+            return n.lower().replace("_", "-")
         return iter([_Distribution(name, version, top) for name, (version, top) in _DISTRIBUTIONS.items()
                      if wanted is None or norm(wanted) == name])
 

@@ -62,8 +62,9 @@ def attention(
         ``(out, lse)``: ``out`` is ``[B, Tq, Hq, Dv]`` (``[total_q, Hq, Dv]`` for varlen) in the
         input dtype; ``lse`` is the natural-log sum of exponentials of each query row's logits
         (and sink), ``[B, Hq, Tq]`` (``[Hq, total_q]`` for varlen), float32 (float64 for float64
-        inputs). A row that sees no key gives zeros and ``lse = -inf`` (``sinks[h]`` with sinks). Both outputs are differentiable, so results
-        over different key chunks can be merged with their ``lse`` during training too.
+        inputs). A row that sees no key gives zeros and ``lse = -inf`` (``sinks[h]`` with sinks). Both
+        outputs are differentiable, so results over different key chunks can be merged with their ``lse``
+        during training too.
 
     Dtypes: float16, bfloat16, float32, float64 (accumulation in float32, float64 for float64).
     """

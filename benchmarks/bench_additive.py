@@ -106,7 +106,8 @@ def main():
         ours_t, ours_m, _ = results[("ours", fit)]
         mat_t, mat_m, _ = results[("materialized", fit)]
         for (impl, b), (sec, mem, n) in sorted(results.items(), key=lambda x: (x[0][1] != B, x[0][0])):
-            rows.append([mode, impl, str(b), reporting.fmt_time(sec), reporting.fmt_bytes(mem) if mem else "error", str(n),
+            rows.append([mode, impl, str(b), reporting.fmt_time(sec), reporting.fmt_bytes(mem) if mem else "error",
+                         str(n),
                          "" if impl == "ours" else f"{mat_t / ours_t:.1f}x",
                          "" if impl == "ours" else f"{mat_m / max(ours_m, 1):.0f}x"])
         if fit < B:

@@ -361,7 +361,8 @@ def mixed_step(attn_ops, args, notes):
             "ragged": lambda: attn_ops.attention_with_kvcache(q_packed, kc, vc, lens, cu_seqlens_q=cu,
                                                               max_seqlen_q=chunk, **kw)[0],
             "padded": lambda: attn_ops.attention_with_kvcache(q_padded, kc, vc, lens, **kw)[0],
-            "split": lambda: (attn_ops.attention_with_kvcache(q_decode, kc, vc, lens[:rows], block_table=table[:rows])[0],
+            "split": lambda: (attn_ops.attention_with_kvcache(q_decode, kc, vc, lens[:rows],
+                                                              block_table=table[:rows])[0],
                               attn_ops.attention_with_kvcache(q_prefill, kc, vc, lens[rows:],
                                                               block_table=table[rows:])[0]),
         }
@@ -420,18 +421,17 @@ def render_markdown(run, results, bulk, mixed=()):
                  f"read). X/ours = X time / ours time (> 1: attn_ops is faster), against ours on the "
                  f"contiguous cache. ours % copy = ours' GB/s / the copy bandwidth measured above "
                  f"({cp:.0f} GB/s); ours % read = the same against the read bandwidth "
-                 f"({run.ceilings['read']['gbps']:.0f} GB/s). ours[graph] = the same call replayed from a CUDA graph (no host "
-                 f"work). ours[huge] = ours over a copy of the cache in transparent huge pages (a BSHD "
-                 f"cache in huge pages). ours[nn] = ours over attn_ops.nn.KVCache's storage holding the same values "
-                 f"(CPU: [B, Hkv, T, D] in huge pages, as transposed views). ours[bhtd] = ours over the baselines' [B, Hkv, T, D] cache (HF's layout) passed "
-                 f"as a transposed view, read in place. ours[dense] = attn_ops.attention (the dense op) on those "
-                 f"views, as transformers' generation calls it. paged16 / paged1 = ours over a paged cache with that block size "
-                 f"(paged16[nn]: in attn_ops.nn.PagedKVCache's storage). The "
-                 f"baselines read a contiguous [B, Hkv, T, D] cache. rel. diff: max abs(ours - sdpa) / "
-                 f"max abs(sdpa); paged diff: the largest of the same for paged, ours[huge], ours[nn], ours[bhtd] and ours[dense] "
-                 f"against contiguous. "
-                 f"Times are device times from CUDA events with the L2 flushed before each call (see "
-                 f"the script's docstring).")
+                 f"({run.ceilings['read']['gbps']:.0f} GB/s). ours[graph] = the same call replayed from a CUDA "
+                 f"graph (no host work). ours[huge] = ours over a copy of the cache in transparent huge pages (a "
+                 f"BSHD cache in huge pages). ours[nn] = ours over attn_ops.nn.KVCache's storage holding the same "
+                 f"values (CPU: [B, Hkv, T, D] in huge pages, as transposed views). ours[bhtd] = ours over the "
+                 f"baselines' [B, Hkv, T, D] cache (HF's layout) passed as a transposed view, read in place. "
+                 f"ours[dense] = attn_ops.attention (the dense op) on those views, as transformers' generation "
+                 f"calls it. paged16 / paged1 = ours over a paged cache with that block size (paged16[nn]: in "
+                 f"attn_ops.nn.PagedKVCache's storage). The baselines read a contiguous [B, Hkv, T, D] cache. rel. "
+                 f"diff: max abs(ours - sdpa) / max abs(sdpa); paged diff: the largest of the same for paged, "
+                 f"ours[huge], ours[nn], ours[bhtd] and ours[dense] against contiguous. Times are device times from "
+                 f"CUDA events with the L2 flushed before each call (see the script's docstring).")
         L.append("")
         keys = [("B", lambda r: r["B"]), ("context", lambda r: r["context"]), ("Hkv", lambda r: r["Hkv"]),
                 ("cache", lambda r: reporting.fmt_bytes(r["cache_bytes"]))]

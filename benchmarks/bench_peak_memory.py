@@ -3,10 +3,10 @@
 Run once per implementation, each in its own process:
   python benchmarks/bench_peak_memory.py ours  --seqlen 8192
   python benchmarks/bench_peak_memory.py sdpa  --seqlen 8192
-Shapes: B=1, Hq=32, Hkv=8 (GQA), D=128, float32 (--dtype bfloat16: the low-precision backward), causal. Each implementation gets its inputs and output
-gradient created directly in its own layout (SDPA: [B, H, T, D]; no transposed copy whose freed pages
-would raise the high-water mark before the run), is warmed up on a small case (code pages, OpenMP and
-BLAS buffers), and then reports the resident-set growth at the peak of one forward+backward
+Shapes: B=1, Hq=32, Hkv=8 (GQA), D=128, float32 (--dtype bfloat16: the low-precision backward), causal. Each
+implementation gets its inputs and output gradient created directly in its own layout (SDPA: [B, H, T, D]; no
+transposed copy whose freed pages would raise the high-water mark before the run), is warmed up on a small case
+(code pages, OpenMP and BLAS buffers), and then reports the resident-set growth at the peak of one forward+backward
 (peak_rss.peak_extra_bytes: the high-water mark reset right before the run).
 """
 

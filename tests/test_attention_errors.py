@@ -258,11 +258,14 @@ def test_softcap_value(fn, device):
 @pytest.mark.parametrize("fn", FNS)
 def test_scale_finite(fn, device):
     raises(fn, "scale must be finite with |scale| <= 3.40282e+38 "
-           "(representable in float32, the accumulation type of this input dtype), got inf", *qkv(device), scale=float("inf"))
+           "(representable in float32, the accumulation type of this input dtype), got inf",
+           *qkv(device), scale=float("inf"))
     raises(fn, "scale must be finite with |scale| <= 3.40282e+38 "
-           "(representable in float32, the accumulation type of this input dtype), got -inf", *qkv(device), scale=float("-inf"))
-    raises_re(fn, re.escape("scale must be finite with |scale| <= 3.40282e+38 (representable in float32, the accumulation type of this input dtype), got ") + "(?i:-?nan)", *qkv(device),
-              scale=float("nan"))
+           "(representable in float32, the accumulation type of this input dtype), got -inf",
+           *qkv(device), scale=float("-inf"))
+    raises_re(fn, re.escape("scale must be finite with |scale| <= 3.40282e+38 "
+                            "(representable in float32, the accumulation type of this input dtype), got ")
+              + "(?i:-?nan)", *qkv(device), scale=float("nan"))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -93,7 +93,8 @@ def test_additive(isa, dtype):
     ours = grads(lambda x: attn_ops.additive_attention(*x), low)
     # the rule's baseline: computed in float32 from the same rounded inputs, rounded once
     acc = accumulation_dtype(dtype)
-    same = grads(lambda x: additive_attention_ref(*x), [t.detach().to(dtype).to(acc).requires_grad_() for t in inputs64])
+    same = grads(lambda x: additive_attention_ref(*x),
+                 [t.detach().to(dtype).to(acc).requires_grad_() for t in inputs64])
     for name, o, r, s in zip(["out", "dqp", "dkp", "dw", "dv"], ours, ref, same):
         assert o.dtype == dtype
         assert_close_to_ref(o, r, s.to(dtype), name=name, rounded_intermediates=name != "out")

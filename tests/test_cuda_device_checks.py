@@ -45,8 +45,10 @@ REJECTIONS = {
         "attn_ops.kv_cache_append: cache_seqlens[1] = 14 plus 3 new tokens exceeds the cache capacity 16"),
     "mla_append_slot": (
         "cache = torch.randn(6, 16, 576, dtype=torch.bfloat16, device=d)\n"
-        "c = torch.randn(5, 512, dtype=torch.bfloat16, device=d); p = torch.randn(5, 64, dtype=torch.bfloat16, device=d)\n"
-        "attn_ops.mla_cache_append(cache, c, p, slot_mapping=torch.tensor([3, 17, -1, 96, 5], dtype=torch.int64, device=d))",
+        "c = torch.randn(5, 512, dtype=torch.bfloat16, device=d); "
+        "p = torch.randn(5, 64, dtype=torch.bfloat16, device=d)\n"
+        "attn_ops.mla_cache_append(cache, c, p, "
+        "slot_mapping=torch.tensor([3, 17, -1, 96, 5], dtype=torch.int64, device=d))",
         "attn_ops.mla_cache_append: slot_mapping[3] = 96 is out of range: the cache has 96 slots"),
     "kvcache_length": (
         "q = torch.randn(2, 1, 4, 64, device=d); kc = torch.randn(2, 16, 2, 64, device=d)\n"
@@ -55,7 +57,8 @@ REJECTIONS = {
     "kvcache_block_table": (
         "q = torch.randn(2, 1, 4, 64, device=d); kc = torch.randn(6, 16, 2, 64, device=d)\n"
         "bt = torch.tensor([[3, 0], [7, 1]], dtype=torch.int32, device=d)\n"
-        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([20, 5], dtype=torch.int32, device=d), block_table=bt)",
+        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([20, 5], dtype=torch.int32, device=d), "
+        "block_table=bt)",
         "attn_ops.attention_with_kvcache: block_table[1, 0] = 7 is out of range [0, 6)"),
     "mla_decode_length": (
         "ql = torch.randn(2, 1, 4, 512, dtype=torch.bfloat16, device=d)\n"
@@ -66,18 +69,21 @@ REJECTIONS = {
     "kvcache_batch_idx": (
         "q = torch.randn(2, 1, 4, 64, device=d); kc = torch.randn(3, 16, 2, 64, device=d)\n"
         "i = torch.tensor([2, 3], dtype=torch.int32, device=d)\n"
-        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([3, 5], dtype=torch.int32, device=d), cache_batch_idx=i)",
+        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([3, 5], dtype=torch.int32, device=d), "
+        "cache_batch_idx=i)",
         "attn_ops.attention_with_kvcache: cache_batch_idx[1] = 3 is out of range [0, 3) (the rows of k_cache)"),
     "kvcache_leftpad": (
         "q = torch.randn(2, 1, 4, 64, device=d); kc = torch.randn(2, 16, 2, 64, device=d)\n"
         "p = torch.tensor([1, 6], dtype=torch.int32, device=d)\n"
-        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([3, 5], dtype=torch.int32, device=d), cache_leftpad=p)",
+        "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([3, 5], dtype=torch.int32, device=d), "
+        "cache_leftpad=p)",
         "attn_ops.attention_with_kvcache: cache_leftpad[1] = 6 exceeds cache_seqlens[1] = 5 (the keys of row 1 are "
         "cache positions cache_leftpad[1] .. cache_seqlens[1] - 1)"),
     "kvcache_selected_block_table": (
         "q = torch.randn(2, 1, 4, 64, device=d); kc = torch.randn(6, 16, 2, 64, device=d)\n"
         "bt = torch.tensor([[3, 0], [7, 9], [2, 1]], dtype=torch.int32, device=d)\n"
-        "i = torch.tensor([2, 1], dtype=torch.int32, device=d); p = torch.tensor([0, 16], dtype=torch.int32, device=d)\n"
+        "i = torch.tensor([2, 1], dtype=torch.int32, device=d); "
+        "p = torch.tensor([0, 16], dtype=torch.int32, device=d)\n"
         "attn_ops.attention_with_kvcache(q, kc, kc.clone(), torch.tensor([20, 20], dtype=torch.int32, device=d), "
         "block_table=bt, cache_batch_idx=i, cache_leftpad=p)",
         "attn_ops.attention_with_kvcache: block_table[1, 1] = 9 is out of range [0, 6)"),

@@ -167,7 +167,8 @@ def test_graph_gqa_decode_step(block_size):
         assert_same_as_eager(out, e_out, "out")
         assert_same_as_eager(lse, e_lse, "lse")
         r = [attention_with_kvcache_ref(eq, k_cache, v_cache, L + 1, block_table=bt),
-             same_dtype_ref(attention_with_kvcache_ref, eq, k_cache, v_cache, L + 1, block_table=bt, compute_dtype=BF16)]
+             same_dtype_ref(attention_with_kvcache_ref, eq, k_cache, v_cache, L + 1, block_table=bt,
+                            compute_dtype=BF16)]
         assert_close_to_ref(out, r[0][0], r[1][0], name="replayed out")
         assert_close_to_ref(lse, r[0][1], r[1][1], name="replayed lse")
         # the rotated q is rope(new q) at the row's position

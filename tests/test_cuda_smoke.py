@@ -21,7 +21,8 @@ import torch
 
 import attn_ops
 from kvcache_reference import kv_cache_append_ref_, kvcache_inputs, paged_kv_cache_append_ref_
-from reference import accumulation_dtype, assert_close_to_ref, attention_ref, dense_inputs, same_dtype_ref, varlen_inputs
+from reference import (accumulation_dtype, assert_close_to_ref, attention_ref, dense_inputs, same_dtype_ref,
+                       varlen_inputs)
 from rope_reference import rope_ref
 from test_attention_backward import check_backward, op_grads, ref_grads, same_dtype_grads
 from test_attention_forward import check_forward

@@ -6,9 +6,10 @@ serving batch may mix both kinds in one call). The decode kernel has two
 row kernels, picked per sequence by its rows per KV head: below 8 it streams K/V through register
 dot products, from 8 on (MLA, large groups) it runs each key tile as two BLAS GEMMs on the tile in
 place (float32 / float64, evenly spaced rows) or on a converted copy; the cases cover both sides
-of 8 in every dtype. Both are compiled once per instruction set (portable at::vec, AVX2, AVX-512) and picked at run time from
-PyTorch's CPU capability, which ATEN_CPU_CAPABILITY (and ATTN_OPS_CPU_ISA) lowers: test_each_instruction_set reruns this
-file's cases in a subprocess for every capability this CPU has, so each path meets the reference.
+of 8 in every dtype. Both are compiled once per instruction set (portable at::vec, AVX2, AVX-512) and picked at
+run time from PyTorch's CPU capability, which ATEN_CPU_CAPABILITY (and ATTN_OPS_CPU_ISA) lowers:
+test_each_instruction_set reruns this file's cases in a subprocess for every capability this CPU has, so each
+path meets the reference.
 
 Cases per dtype: GQA groups 1 / 4 / all, head dims that are not a multiple of any vector width,
 paged caches, key splits (one long row), Tq > 1 with windows and soft-capping, rows with no

@@ -7,7 +7,6 @@ package checks pass; on CPU the test checks that refusal, then lets transformers
 (the only thing patched) and runs its FlashAttention 2 code path (unpad with flash_attn.bert_padding, varlen
 attention, pad) on the shim."""
 
-import copy
 import os
 import subprocess
 import sys
@@ -33,7 +32,8 @@ def run_python(code, *args):
 def test_shim_serves_flash_attention_modules_in_a_fresh_process():
     result = run_python("""
         import importlib.metadata as md, importlib.util, sys
-        assert importlib.util.find_spec("flash_attn") is None or "attn_ops" in str(importlib.util.find_spec("flash_attn"))
+        spec = importlib.util.find_spec("flash_attn")
+        assert spec is None or "attn_ops" in str(spec)
         import attn_ops.flash_attn_shim as shim
         shim.install(); shim.install()  # idempotent
         import flash_attn, flash_attn_interface

@@ -94,7 +94,8 @@ PADDING = {
 ROTARY = {"apply_rotary_emb": [("x", REQ), ("cos", REQ), ("sin", REQ), ("interleaved", False), ("inplace", False),
                                ("seqlen_offsets", 0), ("cu_seqlens", None), ("max_seqlen", None)]}
 
-CASES = [(fa2, FA2, FA2_EXTRA), (fa3, FA3, FA3_EXTRA), (flash_attn_padding, PADDING, {}), (flash_attn_rotary, ROTARY, {})]
+CASES = [(fa2, FA2, FA2_EXTRA), (fa3, FA3, FA3_EXTRA), (flash_attn_padding, PADDING, {}),
+         (flash_attn_rotary, ROTARY, {})]
 
 
 def _default(value):

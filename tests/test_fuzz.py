@@ -34,7 +34,8 @@ SEED = int(os.environ.get("ATTN_OPS_FUZZ_SEED", "20261124"))
 NUM_CASES = int(os.environ.get("ATTN_OPS_FUZZ_CASES", "240"))
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # Dimension names that messages use besides the schema's argument names.
-DIM_NAMES = ("heads_q", "heads_kv", "head_dim", "head_dim_qk", "head_dim_v", "kv_lora_rank", "rope_dim", "seqlen", "batch", "capacity")
+DIM_NAMES = ("heads_q", "heads_kv", "head_dim", "head_dim_qk", "head_dim_v", "kv_lora_rank", "rope_dim", "seqlen",
+             "batch", "capacity")
 # Ops that copy values: what they write must be bit-identical to the reference's copy.
 COPY_OPS = ("kv_cache_append", "paged_kv_cache_append", "mla_cache_append")
 
@@ -202,7 +203,8 @@ def _additive(rng):
     B, Tq, Tk, A, Dv = rng.randint(0, 3), rng.randint(0, 20), rng.randint(0, 40), rng.choice([4, 8, 24]), 8
     kw = {}
     if rng.random() < 0.5:
-        kw["key_padding_mask"] = torch.rand(B, Tk, generator=torch.Generator().manual_seed(rng.randrange(2 ** 31))) < 0.3
+        gen = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+        kw["key_padding_mask"] = torch.rand(B, Tk, generator=gen) < 0.3
 
     def ref(c, cdt):
         qp, kp, w, v = (t.to(cdt) for t in c.args)

@@ -102,11 +102,14 @@ def test_append_same_dtype(device):
 
 def test_append_device_meta():
     kc, vc, k, v, sl = app_args("cpu")
-    raises(APP, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on meta, k on cpu, v on cpu",
+    raises(APP, "k_cache, v_cache, k and v must be on the same device, "
+                "got k_cache on cpu, v_cache on meta, k on cpu, v on cpu",
            kc, vc.to("meta"), k, v, sl)
-    raises(APP, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on cpu, k on meta, v on cpu",
+    raises(APP, "k_cache, v_cache, k and v must be on the same device, "
+                "got k_cache on cpu, v_cache on cpu, k on meta, v on cpu",
            kc, vc, k.to("meta"), v, sl)
-    raises(APP, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on cpu, k on cpu, v on meta",
+    raises(APP, "k_cache, v_cache, k and v must be on the same device, "
+                "got k_cache on cpu, v_cache on cpu, k on cpu, v on meta",
            kc, vc, k, v.to("meta"), sl)
     raises(APP, "cache_seqlens must be on the same device as k_cache (cpu), got meta",
            kc, vc, k, v, sl.to("meta"))
@@ -228,11 +231,14 @@ def test_paged_same_dtype(device):
 
 def test_paged_device_meta():
     kc, vc, k, v, s = pag_args("cpu")
-    raises(PAG, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on meta, k on cpu, v on cpu",
+    raises(PAG, "k_cache, v_cache, k and v must be on the same device, "
+                "got k_cache on cpu, v_cache on meta, k on cpu, v on cpu",
            kc, vc.to("meta"), k, v, s)
-    raises(PAG, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on cpu, k on meta, v on cpu",
+    raises(PAG, "k_cache, v_cache, k and v must be on the same device, "
+                "got k_cache on cpu, v_cache on cpu, k on meta, v on cpu",
            kc, vc, k.to("meta"), v, s)
-    raises(PAG, "k_cache, v_cache, k and v must be on the same device, got k_cache on cpu, v_cache on cpu, k on cpu, v on meta",
+    raises(PAG, "k_cache, v_cache, k and v must be on the same device, "
+                "got k_cache on cpu, v_cache on cpu, k on cpu, v on meta",
            kc, vc, k, v.to("meta"), s)
     raises(PAG, "slot_mapping must be on the same device as k_cache (cpu), got meta",
            kc, vc, k, v, s.to("meta"))
@@ -442,13 +448,17 @@ def test_attn_scalars(device):
     raises(ATT, "window_right must be >= -1 (-1 means unbounded), got -2", *att_args(device),
            causal=False, window_right=-2)
     raises(ATT, "softcap must be 0 (disabled) or in [1.17549e-38, 3.40282e+38] "
-           "(representable in float32, the accumulation type of this input dtype), got -1", *att_args(device), softcap=-1.0)
+           "(representable in float32, the accumulation type of this input dtype), got -1",
+           *att_args(device), softcap=-1.0)
     raises(ATT, "scale must be finite with |scale| <= 3.40282e+38 "
-           "(representable in float32, the accumulation type of this input dtype), got inf", *att_args(device), scale=float("inf"))
+           "(representable in float32, the accumulation type of this input dtype), got inf",
+           *att_args(device), scale=float("inf"))
     raises(ATT, "scale must be finite with |scale| <= 3.40282e+38 "
-           "(representable in float32, the accumulation type of this input dtype), got -inf", *att_args(device), scale=float("-inf"))
-    raises_re(ATT, re.escape("scale must be finite with |scale| <= 3.40282e+38 (representable in float32, the accumulation type of this input dtype), got ") + "(?i:-?nan)", *att_args(device),
-              scale=float("nan"))
+           "(representable in float32, the accumulation type of this input dtype), got -inf",
+           *att_args(device), scale=float("-inf"))
+    raises_re(ATT, re.escape("scale must be finite with |scale| <= 3.40282e+38 "
+                             "(representable in float32, the accumulation type of this input dtype), got ")
+              + "(?i:-?nan)", *att_args(device), scale=float("nan"))
 
 
 def test_attn_seqlens_dtype_shape(device):

@@ -32,9 +32,10 @@ def varlen(**over):
 
 FORWARD_CASES = [
     (dict(q=r(B, T, H, DK).to(torch.int32)), "q must be float16, bfloat16, float32 or float64, got int32"),
-    (dict(q=r(B, H, DK)), "q must be a 4-D tensor [batch, seqlen, heads, head_dim], got a 3-D tensor of shape [2, 4, 16]"),
-    (varlen(q=r(1, 10, H, DK)), "q must be a 3-D tensor [total_tokens, heads, head_dim] when cu_seqlens is given, got a "
-                                "4-D tensor of shape [1, 10, 4, 16]"),
+    (dict(q=r(B, H, DK)), "q must be a 4-D tensor [batch, seqlen, heads, head_dim], "
+                          "got a 3-D tensor of shape [2, 4, 16]"),
+    (varlen(q=r(1, 10, H, DK)), "q must be a 3-D tensor [total_tokens, heads, head_dim] when cu_seqlens is given, "
+                                "got a 4-D tensor of shape [1, 10, 4, 16]"),
     (dict(k=r(B, T, HK, DK, dtype=torch.float64)), "k must have the same dtype as q (float32), got float64"),
     (dict(q=r(B, T, H, 2 * DK)[..., ::2]), "q must have stride 1 in its last dimension, got stride 2"),
     (dict(k=r(B, T, HK, 12)), "k must have shape [2, 8] + [heads_kv, 16] (the tokens and head_dim of q), got "
@@ -156,5 +157,6 @@ def test_decode_refuses_state_sharing_memory_with_an_input(device):
     buf = r(N * H * DK * DV + 3 * H * DK).to(device)
     state = buf[: N * H * DK * DV].view(N, H, DK, DV)
     q = buf[N * H * DK * DV - 3 * H * DK:][: 3 * H * DK].view(3, 1, H, DK)  # overlaps the last slot
-    expect_error(DEC, "state is written in place and must not share memory with q, but they overlap", q, a["k"], a["v"], state, a["slope"], anchored=True,
+    expect_error(DEC, "state is written in place and must not share memory with q, but they overlap",
+                 q, a["k"], a["v"], state, a["slope"], anchored=True,
                  written=(state,), state_indices=a["state_indices"])

@@ -78,7 +78,8 @@ def test_gradient_of_final_state_only():
 
 def test_float32_gradients_match_reference(device):
     B, T, H, Hk, Dk, Dv = 2, 70, 4, 2, 16, 24
-    q, k, v = make((B, T, H, Dk), torch.float32), make((B, T, Hk, Dk), torch.float32), make((B, T, Hk, Dv), torch.float32)
+    q, k, v = (make((B, T, H, Dk), torch.float32), make((B, T, Hk, Dk), torch.float32),
+               make((B, T, Hk, Dv), torch.float32))
     init = make((B, H, Dk, Dv), torch.float32)
     s = minimax_slopes(H)
     on_device = [t.detach().to(device).requires_grad_() for t in (q, k, v, init)]

@@ -25,7 +25,8 @@ def slopes(kind, heads):
 @pytest.mark.parametrize("with_init", [False, True])
 def test_forward_float64_matches_recurrence(T, slope_kind, with_init):
     B, H, Hk, Dk, Dv = 2, 4, 2, 12, 20
-    q, k, v = make((B, T, H, Dk), torch.float64), make((B, T, Hk, Dk), torch.float64), make((B, T, Hk, Dv), torch.float64)
+    q, k, v = (make((B, T, H, Dk), torch.float64), make((B, T, Hk, Dk), torch.float64),
+               make((B, T, Hk, Dv), torch.float64))
     s = slopes(slope_kind, H)
     init = make((B, H, Dk, Dv), torch.float64) if with_init else None
     out, final = attn_ops.lightning_attention(q, k, v, s, scale=0.3, initial_state=init, block_size=BLOCK)

@@ -136,9 +136,11 @@ def test_append_same_dtype(device):
 
 def test_append_device_meta():
     (c, ckv, kpe), kw = app("cpu")
-    raises(APP, "latent_cache, c_kv and k_pe must be on the same device, got latent_cache on cpu, c_kv on meta, k_pe on cpu",
+    raises(APP, "latent_cache, c_kv and k_pe must be on the same device, "
+                "got latent_cache on cpu, c_kv on meta, k_pe on cpu",
            c, ckv.to("meta"), kpe, **kw)
-    raises(APP, "latent_cache, c_kv and k_pe must be on the same device, got latent_cache on cpu, c_kv on cpu, k_pe on meta",
+    raises(APP, "latent_cache, c_kv and k_pe must be on the same device, "
+                "got latent_cache on cpu, c_kv on cpu, k_pe on meta",
            c, ckv, kpe.to("meta"), **kw)
     raises(APP, "cache_seqlens must be on the same device as latent_cache (cpu), got meta",
            c, ckv, kpe, cache_seqlens=kw["cache_seqlens"].to("meta"))
@@ -391,11 +393,14 @@ def test_decode_batch_size(device):
 def test_decode_scale(device):
     args, _ = dec(device)
     raises(DEC, "scale must be finite with |scale| <= 3.40282e+38 "
-           "(representable in float32, the accumulation type of this input dtype), got inf", *args, scale=float("inf"))
+           "(representable in float32, the accumulation type of this input dtype), got inf",
+           *args, scale=float("inf"))
     raises(DEC, "scale must be finite with |scale| <= 3.40282e+38 "
-           "(representable in float32, the accumulation type of this input dtype), got -inf", *args, scale=float("-inf"))
-    raises_re(DEC, re.escape("scale must be finite with |scale| <= 3.40282e+38 (representable in float32, the accumulation type of this input dtype), got ") + "(?i:-?nan)", *args,
-              scale=float("nan"))
+           "(representable in float32, the accumulation type of this input dtype), got -inf",
+           *args, scale=float("-inf"))
+    raises_re(DEC, re.escape("scale must be finite with |scale| <= 3.40282e+38 "
+                             "(representable in float32, the accumulation type of this input dtype), got ")
+              + "(?i:-?nan)", *args, scale=float("nan"))
 
 
 def test_decode_scale_is_required(device):

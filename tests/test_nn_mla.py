@@ -349,8 +349,8 @@ def test_v3_head_dims_cached(device):
 @pytest.mark.parametrize("kind", ["contig", "paged4"])
 def test_ragged_prompts_right_padded(kind, device):
     stack = stack_of(build, "q_lora", torch.float32, device)
-    check_ragged_prompts_right_padded(stack, cache_factory(make_cache, stack, torch.float32, device, kind), torch.float32,
-                                      device, tol=5e-5)
+    check_ragged_prompts_right_padded(stack, cache_factory(make_cache, stack, torch.float32, device, kind),
+                                      torch.float32, device, tol=5e-5)
 
 
 @pytest.mark.parametrize("block_size", [1, 64])

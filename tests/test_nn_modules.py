@@ -312,8 +312,8 @@ def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
 @pytest.mark.parametrize("kind", ["contig", "paged4", "paged16"])
 def test_ragged_prompts_right_padded(kind, device):
     stack = stack_of(build, "window5", torch.float32, device)
-    check_ragged_prompts_right_padded(stack, cache_factory(make_cache, stack, torch.float32, device, kind), torch.float32,
-                                      device, tol=2e-5)
+    check_ragged_prompts_right_padded(stack, cache_factory(make_cache, stack, torch.float32, device, kind),
+                                      torch.float32, device, tol=2e-5)
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
@@ -509,7 +509,8 @@ def test_paged_reserve_and_free_rows_take_integers_only():
     assert c.num_free_blocks == 12
     c.reserve(4)
     for bad in (torch.tensor([True, False, False]), [1.9]):
-        with pytest.raises(ValueError, match=r"^PagedKVCache.free_rows: rows must be integers, got torch\.(bool|float32)$"):
+        with pytest.raises(ValueError,
+                           match=r"^PagedKVCache.free_rows: rows must be integers, got torch\.(bool|float32)$"):
             c.free_rows(bad)
     assert [len(c.row_blocks(r)) for r in range(3)] == [1, 1, 1]
     with pytest.raises(ValueError, match=r"^KVCache.free_rows: rows must be integers, got torch.bool$"):

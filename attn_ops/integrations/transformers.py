@@ -24,9 +24,9 @@ Each row's real tokens must be one contiguous run: left padding, right padding, 
 unused tail all are.
 
 Supported: causal (bottom-right aligned, so decoding over a cache needs no mask), ``scaling``,
-``sliding_window``, ``softcap``, attention sinks (gpt-oss's ``s_aux``), GQA/MQA, padding, ``DynamicCache`` / ``StaticCache`` generation,
-``torch.compile(fullgraph=True)``; bidirectional masks pad keys only, as transformers' do (encoders,
-cross-attention). Not supported (clear errors): attention dropout, 4-D masks, custom
+``sliding_window``, ``softcap``, attention sinks (gpt-oss's ``s_aux``), GQA/MQA, padding, ``DynamicCache`` /
+``StaticCache`` generation, ``torch.compile(fullgraph=True)``; bidirectional masks pad keys only, as
+transformers' do (encoders, cross-attention). Not supported (clear errors): attention dropout, 4-D masks, custom
 ``or_mask_function`` / ``and_mask_function``, prefix-LM / block masks, chunked attention, packed
 sequences given only by ``position_ids`` and position biases. See docs/transformers.md.
 """

@@ -102,7 +102,8 @@ class LinformerSelfAttention(nn.Module):
             self.f_proj = None
 
     def _project(self, proj: Tensor, x: Tensor) -> Tensor:
-        """``[.., proj_len, seq_len]`` applied along the sequence of x ``[B, T, Hkv, D]`` -> ``[B, proj_len, Hkv, D]``."""
+        """``[.., proj_len, seq_len]`` applied along the sequence of x ``[B, T, Hkv, D]`` ->
+        ``[B, proj_len, Hkv, D]``."""
         proj = proj[..., : x.shape[1]]
         if proj.dim() == 3:  # one matrix per KV head
             return torch.einsum("hpt,bthd->bphd", proj, x)

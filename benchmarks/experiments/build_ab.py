@@ -1,6 +1,7 @@
-"""Two builds of attn_ops compared on the CPU decode (GQA and MLA) and prefill (forward, forward+backward), in turn: each round runs every build once, in a fresh
-process, over the same cases, and reports per case the median over rounds of each build's median call time,
-with the copy bandwidth each process measured next to its calls.
+"""Two builds of attn_ops compared on the CPU decode (GQA and MLA) and prefill (forward, forward+backward), in
+turn: each round runs every build once, in a fresh process, over the same cases, and reports per case the
+median over rounds of each build's median call time, with the copy bandwidth each process measured next to its
+calls.
 
 A kernel change's effect (a few tens of percent) is smaller than how much this shared machine's speed moves
 between runs, so the builds take turns instead of running one after the other. A build is a folder that

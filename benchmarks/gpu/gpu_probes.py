@@ -228,36 +228,40 @@ def sdpa_fwdbwd(q, k, v, dout):
 
 
 def probe_long(r: Report, s: dict) -> None:
+    for Hkv in s["long_hkv"]:
+        probe_long_case(r, s, Hkv)
+        # The case's tensors died with its frame: return their memory before the next case allocates.
+        if r.args.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def probe_long_case(r: Report, s: dict, Hkv: int) -> None:
     T, Hq, D = s["long_t"], s["long_hq"], s["long_d"]
     dev = r.args.device
-    for Hkv in s["long_hkv"]:
-        case = f"bf16 causal B=1 T={T} Hq={Hq} Hkv={Hkv} D={D}"
-        q, k, v = dense_inputs(1, T, T, Hq, Hkv, D, D, BF16, dev)
-        dout = torch.randn(1, T, Hq, D, dtype=BF16, device=dev)
+    case = f"bf16 causal B=1 T={T} Hq={Hq} Hkv={Hkv} D={D}"
+    q, k, v = dense_inputs(1, T, T, Hq, Hkv, D, D, BF16, dev)
+    dout = torch.randn(1, T, Hq, D, dtype=BF16, device=dev)
 
-        def run_and_check():
-            out, _ = attn_ops.attention(q, k, v, causal=True)
-            grads = op_grads(q, k, v, dout, None, causal=True)
-            check_long_per_head(q, k, v, dout, out, grads)
-        if not r.check("b", case, run_and_check):
-            continue
-        flops = 4 * Hq * T * T * D / 2  # causal forward
-        unit, div = ("TFLOP/s", 1e9) if dev == "cuda" else ("GFLOP/s", 1e6)  # flops / ms / div
-        fwd_ms = timed_ms(lambda: attn_ops.attention(q, k, v, causal=True), r.args)
-        both_ms = timed_ms(lambda: op_grads(q, k, v, dout, None, causal=True), r.args)
-        row = {"probe": "b", "case": case, "ours fwd": f"{fmt_time(fwd_ms / 1e3)} ({flops / fwd_ms / div:.0f} {unit})",
-               "ours fwd+bwd": f"{fmt_time(both_ms / 1e3)} ({3.5 * flops / both_ms / div:.0f} {unit})"}
-        try:
-            sf, sfb = sdpa_fwdbwd(q, k, v, dout)
-            s_fwd, s_both = timed_ms(sf, r.args), timed_ms(sfb, r.args)
-            row["sdpa fwd / ours"] = f"{s_fwd / fwd_ms:.2f}"
-            row["sdpa fwd+bwd / ours"] = f"{s_both / both_ms:.2f}"
-        except RuntimeError as e:
-            row["sdpa fwd / ours"] = f"n/a ({str(e).splitlines()[0][:80]})"
-        r.timings.append(row)
-        del q, k, v, dout
-        if dev == "cuda":
-            torch.cuda.empty_cache()
+    def run_and_check():
+        out, _ = attn_ops.attention(q, k, v, causal=True)
+        grads = op_grads(q, k, v, dout, None, causal=True)
+        check_long_per_head(q, k, v, dout, out, grads)
+    if not r.check("b", case, run_and_check):
+        return
+    flops = 4 * Hq * T * T * D / 2  # causal forward
+    unit, div = ("TFLOP/s", 1e9) if dev == "cuda" else ("GFLOP/s", 1e6)  # flops / ms / div
+    fwd_ms = timed_ms(lambda: attn_ops.attention(q, k, v, causal=True), r.args)
+    both_ms = timed_ms(lambda: op_grads(q, k, v, dout, None, causal=True), r.args)
+    row = {"probe": "b", "case": case, "ours fwd": f"{fmt_time(fwd_ms / 1e3)} ({flops / fwd_ms / div:.0f} {unit})",
+           "ours fwd+bwd": f"{fmt_time(both_ms / 1e3)} ({3.5 * flops / both_ms / div:.0f} {unit})"}
+    try:
+        sf, sfb = sdpa_fwdbwd(q, k, v, dout)
+        s_fwd, s_both = timed_ms(sf, r.args), timed_ms(sfb, r.args)
+        row["sdpa fwd / ours"] = f"{s_fwd / fwd_ms:.2f}"
+        row["sdpa fwd+bwd / ours"] = f"{s_both / both_ms:.2f}"
+    except RuntimeError as e:
+        row["sdpa fwd / ours"] = f"n/a ({str(e).splitlines()[0][:80]})"
+    r.timings.append(row)
 
 
 # ---------------------------------------------------------------------------------------------- (c)
