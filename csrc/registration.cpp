@@ -84,4 +84,7 @@ TORCH_LIBRARY(attn_ops, m) {
   // trace that backward (it traces it ahead whenever an output requires grad) and the error comes only if a
   // backward actually runs (common/no_autograd.cpp).
   m.def("_not_differentiable_grad(Tensor grad, Tensor input, str message) -> Tensor");
+  // Test hook of CUDA builds: the launch parameters the last call of a CUDA kernel recorded (kernel
+  // attention/cuda/launch_record.cu; a CPU-only build has none, and calling it raises).
+  m.def("_cuda_last_launch(Tensor device, str kernel) -> int[]");
 }

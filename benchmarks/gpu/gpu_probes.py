@@ -106,7 +106,7 @@ class Report:
 
     def launch(self, probe: str, case: str) -> None:
         """The launch record of the tensor-core forward kernel (CUDA builds only)."""
-        if self.args.device != "cuda" or not hasattr(torch.ops.attn_ops, "_cuda_last_launch"):
+        if self.args.device != "cuda":
             return
         rec = list(torch.ops.attn_ops._cuda_last_launch(torch.empty(0, device="cuda"), "forward_mma"))
         self.launches.append({"probe": probe, "case": case, "record": rec})

@@ -1,6 +1,6 @@
 // record_launch, and the diagnostic op that reads it back: _cuda_last_launch(Tensor device, str kernel)
-// -> int[] (empty when the kernel has not run in this process). It exists only in CUDA builds and is for
-// tests, not an API; `device` only names the dispatch key.
+// -> int[] (empty when the kernel has not run in this process). Its schema is in registration.cpp with the
+// others; only CUDA builds have its kernel. For tests, not an API; `device` only names the dispatch key.
 #include "attention/cuda/launch_record.h"
 
 #include <ATen/core/Tensor.h>
@@ -33,10 +33,6 @@ std::vector<int64_t> last_launch(const at::Tensor& /*device*/, const std::string
 void record_launch(const std::string& kernel, std::vector<int64_t> values) {
   const std::lock_guard<std::mutex> lock(records_mutex());
   records()[kernel] = std::move(values);
-}
-
-TORCH_LIBRARY_FRAGMENT(attn_ops, m) {
-  m.def("_cuda_last_launch(Tensor device, str kernel) -> int[]");
 }
 
 TORCH_LIBRARY_IMPL(attn_ops, CUDA, m) {
