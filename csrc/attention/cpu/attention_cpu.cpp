@@ -103,13 +103,25 @@ SeqLayout lse_layout(const at::Tensor& t, const AttentionProblem& p, bool packed
   return l;
 }
 
+// Where a call's sequences sit in its cache, read once for the K and V layouts: sequence b reads cache (or
+// block-table) row row[b] = cache_batch_idx[b] (default b) from cache position first_key[b] = cache_leftpad[b]
+// (default 0) on; `table` is the contiguous block table when paged (the layouts point into it).
+struct CacheRows {
+  at::Tensor table;
+  std::vector<int64_t> row, first_key;
+
+  explicit CacheRows(const AttentionCall& call)
+      : table(call.paged() ? call.block_table->contiguous() : at::Tensor()),
+        row(host_values(call.cache_batch_idx, call.batch.expect_int(), [](int64_t b) { return b; })),
+        first_key(host_values(call.cache_leftpad, call.batch.expect_int(), zero)) {}
+};
+
 // Layout of a KV cache: [rows, capacity, heads, dim] rows, or [num_blocks, block_size, heads, dim] blocks
-// addressed through the block table. Sequence b reads cache (or block-table) row cache_batch_idx[b] (default b),
-// from cache position cache_leftpad[b] (default 0) on. `table`: the contiguous block table when paged.
-KeyLayout cache_layout(const at::Tensor& cache, const AttentionCall& call, const at::Tensor& table) {
-  const int64_t batch = call.batch.expect_int();
-  const std::vector<int64_t> cache_row = host_values(call.cache_batch_idx, batch, [](int64_t b) { return b; });
-  const std::vector<int64_t> first_key = host_values(call.cache_leftpad, batch, zero);
+// addressed through the block table.
+KeyLayout cache_layout(const at::Tensor& cache, const AttentionCall& call, const CacheRows& rows) {
+  const std::vector<int64_t>& cache_row = rows.row;
+  const std::vector<int64_t>& first_key = rows.first_key;
+  const at::Tensor& table = rows.table;
   KeyLayout l;
   l.rows.seq_stride = stride_of(cache, 1);
   l.rows.head_stride = stride_of(cache, 2);
@@ -123,7 +135,7 @@ KeyLayout cache_layout(const at::Tensor& cache, const AttentionCall& call, const
       l.first_key = first_key;
     }
   } else {
-    for (int64_t b = 0; b < batch; ++b) {
+    for (size_t b = 0; b < cache_row.size(); ++b) {
       l.rows.base.push_back(cache_row[b] * stride_of(cache, 0) + first_key[b] * l.rows.seq_stride);
     }
   }
@@ -149,9 +161,9 @@ struct TokenLayouts {
 void attention_forward(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
   const AttentionProblem p = make_problem(call);
   const TokenLayouts layouts(p, call);
-  const at::Tensor table = call.paged() ? call.block_table->contiguous() : at::Tensor();
-  const KeyLayout k_layout = call.over_cache() ? cache_layout(call.k, call, table) : KeyLayout{layouts.keys(call.k)};
-  const KeyLayout v_layout = call.over_cache() ? cache_layout(call.v, call, table) : KeyLayout{layouts.keys(call.v)};
+  const std::optional<CacheRows> rows = call.over_cache() ? std::optional<CacheRows>(call) : std::nullopt;
+  const KeyLayout k_layout = rows ? cache_layout(call.k, call, *rows) : KeyLayout{layouts.keys(call.k)};
+  const KeyLayout v_layout = rows ? cache_layout(call.v, call, *rows) : KeyLayout{layouts.keys(call.v)};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, call.q.scalar_type(), "attn_ops.attention_forward", [&] {
     using acc_t = acc_type<scalar_t>;
     // decode-shaped sequences (a few query rows against many keys: a serving step, or transformers' generation
