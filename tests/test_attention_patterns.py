@@ -206,6 +206,56 @@ def test_with_kvcache_long_decode_splits():
 
 
 # --------------------------------------------------------------------------------------------------
+# CUDA (the GPU check's cuda stage runs these: -k cuda)
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128])
+def test_cuda_attention_sinks_and_chunk(dtype, D):
+    # Window::keys_of / queries_of with a chunk in the forward and backward kernels; sinks added after them.
+    q, k, v = dense(2, 130, 150, 8, 2, D, dtype, requires_grad=True)
+    # sinks in q's dtype: their gradient sums rowsum(dout * out) with out rounded to it, the rule's rounded
+    # intermediate (as in tests/test_nn_modules.py)
+    sinks = sinks_for(8, dtype, requires_grad=True)
+    opts = dict(causal=True, attention_chunk=48)
+    dev = [t.detach().cuda().requires_grad_() for t in (q, k, v, sinks)]
+    out, lse = attn_ops.attention(*dev[:3], sinks=dev[3], **opts)
+    assert_attention_close_to_ref((out.cpu(), lse.cpu()), (q, k, v), sinks=sinks, **opts)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, dev, dout)
+    leaves = [q, k, v, sinks]
+    ref64 = torch.autograd.grad(attention_ref(*(t.double() for t in (q, k, v)), sinks=sinks.double(), **opts)[0],
+                                leaves, dout.cpu().double())
+    baseline = torch.autograd.grad(same_dtype_ref(attention_ref, q, k, v, sinks=sinks, **opts, compute_dtype=dtype)[0],
+                                   leaves, dout.cpu())
+    for name, a, b64, b in zip(["dq", "dk", "dv", "dsinks"], grads, ref64, baseline):
+        assert_close_to_ref(a.cpu(), b64, b, name=name, rounded_intermediates=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("block_size", [None, 16])
+def test_cuda_with_kvcache_sinks_and_chunk(block_size):
+    capacity, Hq, Hkv, D = 96, 8, 2, 64
+    kc, vc = (torch.randn(3, capacity, Hkv, D, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(3, 2, Hq, D, dtype=torch.bfloat16)
+    kw = dict(cache_leftpad=torch.tensor([7, 0, 3], dtype=torch.int32))
+    if block_size is not None:
+        kc, kw["block_table"] = paged(kc, block_size)
+        vc = torch.randn_like(kc)
+    lens = torch.tensor([40, 77, 3], dtype=torch.int32)
+    opts = dict(causal=True, sinks=sinks_for(Hq), attention_chunk=16)
+    out, lse = attn_ops.attention_with_kvcache(q.cuda(), kc.cuda(), vc.cuda(), lens.cuda(),
+                                               **{n: t.cuda() for n, t in kw.items()},
+                                               **{n: t.cuda() if isinstance(t, torch.Tensor) else t
+                                                  for n, t in opts.items()})
+    ref = attention_with_kvcache_serving_ref(q, kc, vc, lens, **kw, **opts)
+    same = same_dtype_ref(attention_with_kvcache_serving_ref, q, kc, vc, lens, **kw, **opts,
+                          compute_dtype=torch.bfloat16)
+    assert_close_to_ref(out.cpu(), ref[0], same[0], name="out")
+    assert_close_to_ref(lse.cpu(), ref[1], same[1], name="lse")
+
+
+# --------------------------------------------------------------------------------------------------
 # opcheck, torch.compile
 # --------------------------------------------------------------------------------------------------
 def test_opcheck():
