@@ -6,14 +6,15 @@ Code written for ``flash_attn`` runs unchanged after one import change, on CPU a
 
 Each function takes FlashAttention 2's arguments with its semantics and is a thin mapping onto
 ``attn_ops`` ops (no Python loops over the batch, no host synchronization), so it compiles with
-``torch.compile(fullgraph=True)``. Not supported (a clear ``NotImplementedError``): ``dropout_p > 0``,
-``alibi_slopes``, fp8 inputs. ``deterministic`` and ``num_splits`` are accepted and ignored (the
-results do not depend on them). With ``return_attn_probs=True`` the functions return
-``(out, softmax_lse, None)``: the lse as FlashAttention gives it, no attention probabilities (those
-only exist for dropout in FlashAttention too). ``flash_attn_func``, ``flash_attn_varlen_func`` and
-``flash_attn_with_kvcache`` also take keyword-only attention sinks [Hq] as ``s_aux=`` (vLLM's name) or
-``learnable_sink=`` (FlashAttention 4's): attn_ops.attention's ``sinks``. FlashAttention 3's surface is
-attn_ops.flash_attn3_interface; attn_ops.flash_attn_shim serves both under FlashAttention's own module names.
+``torch.compile(fullgraph=True)``. ``alibi_slopes`` (float32 [Hq] or [B, Hq]) is attn_ops.attention's ALiBi,
+FlashAttention 2's definition. Not supported (a clear ``NotImplementedError``): ``dropout_p > 0``, fp8 inputs.
+``deterministic`` and ``num_splits`` are accepted and ignored (the results do not depend on them). With
+``return_attn_probs=True`` the functions return ``(out, softmax_lse, None)``: the lse as FlashAttention gives
+it, no attention probabilities (those only exist for dropout in FlashAttention too). ``flash_attn_func``,
+``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` also take keyword-only attention sinks [Hq] as
+``s_aux=`` (vLLM's name) or ``learnable_sink=`` (FlashAttention 4's): attn_ops.attention's ``sinks``.
+FlashAttention 3's surface is attn_ops.flash_attn3_interface; attn_ops.flash_attn_shim serves both under
+FlashAttention's own module names.
 """
 
 from typing import Optional, Tuple, Union
@@ -34,11 +35,9 @@ __all__ = [
 ]
 
 
-def _check_supported(q: Tensor, dropout_p: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> None:
+def _check_supported(q: Tensor, dropout_p: float = 0.0) -> None:
     if dropout_p > 0.0:
         raise NotImplementedError(f"attn_ops.flash_attn_interface: dropout_p > 0 is not supported, got {dropout_p}")
-    if alibi_slopes is not None:
-        raise NotImplementedError("attn_ops.flash_attn_interface: alibi_slopes (ALiBi) is not supported")
     if q.dtype in FP8:
         raise NotImplementedError(f"attn_ops.flash_attn_interface: fp8 inputs are not supported, got {q.dtype}")
 
@@ -47,10 +46,12 @@ def _result(out: Tensor, lse: Tensor, return_lse: bool):
     return (out, lse, None) if return_lse else out
 
 
-def _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, sinks=None, **varlen):
+def _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, sinks=None,
+               **varlen):
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(q, k, v, scale=softmax_scale, causal=causal, window_left=window_size[0],
-                             window_right=window_size[1], softcap=softcap, sinks=sinks, **varlen)
+                             window_right=window_size[1], softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                             **varlen)
     return _result(out, lse, return_attn_probs)
 
 
@@ -59,25 +60,25 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                     learnable_sink=None):
     """q [B, Tq, Hq, D], k [B, Tk, Hk, D], v [B, Tk, Hk, Dv] -> out [B, Tq, Hq, Dv] (differentiable);
     with return_attn_probs, (out, softmax_lse [B, Hq, Tq], None)."""
-    _check_supported(q, dropout_p, alibi_slopes)
+    _check_supported(q, dropout_p)
     sinks = sink_logits(s_aux, learnable_sink, "attn_ops.flash_attn_interface.flash_attn_func")
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, sinks)
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, sinks)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """qkv [B, T, 3, H, D] (q, k, v read as strided views, not copied)."""
-    _check_supported(qkv, dropout_p, alibi_slopes)
+    _check_supported(qkv, dropout_p)
     q, k, v = qkv.unbind(dim=2)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs)
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q [B, Tq, Hq, D], kv [B, Tk, 2, Hk, D]."""
-    _check_supported(q, dropout_p, alibi_slopes)
+    _check_supported(q, dropout_p)
     k, v = kv.unbind(dim=2)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs)
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -88,16 +89,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     -> out [total_q, Hq, Dv]; lse [Hq, total_q]. With block_table, k and v are paged caches
     [num_blocks, block_size, Hk, D] and sequence b's keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b]
     cache entries (inference only)."""
-    _check_supported(q, dropout_p, alibi_slopes)
+    _check_supported(q, dropout_p)
     sinks = sink_logits(s_aux, learnable_sink, "attn_ops.flash_attn_interface.flash_attn_varlen_func")
     if block_table is not None:
         seqlens_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         out, lse = ops.attention_with_kvcache(q, k, v, seqlens_k, block_table=block_table, scale=softmax_scale,
                                               causal=causal, window_left=window_size[0],
                                               window_right=window_size[1], softcap=softcap,
-                                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, sinks=sinks)
+                                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, sinks=sinks,
+                                              alibi_slopes=alibi_slopes)
         return _result(out, lse, return_attn_probs)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs, sinks,
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, sinks,
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k)
 
@@ -106,9 +108,9 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False):
     """qkv [total, 3, H, D] with cu_seqlens [B + 1]."""
-    _check_supported(qkv, dropout_p, alibi_slopes)
+    _check_supported(qkv, dropout_p)
     q, k, v = qkv.unbind(dim=1)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs,
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                       cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
                       max_seqlen_k=max_seqlen)
 
@@ -117,9 +119,9 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q [total_q, Hq, D], kv [total_k, 2, Hk, D]."""
-    _check_supported(q, dropout_p, alibi_slopes)
+    _check_supported(q, dropout_p)
     k, v = kv.unbind(dim=1)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, return_attn_probs,
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k)
 
@@ -159,7 +161,7 @@ def flash_attn_with_kvcache(
     cache_leftpad[b] .. cache_seqlens[b] + Tnew - 1 of cache row cache_batch_idx[b] (bottom-right causal).
     Returns out [B, Tq, Hq, Dv], or (out, softmax_lse [B, Hq, Tq]) with return_softmax_lse.
     """
-    _check_supported(q, 0.0, alibi_slopes)
+    _check_supported(q)
     sinks = sink_logits(s_aux, learnable_sink, "attn_ops.flash_attn_interface.flash_attn_with_kvcache")
     capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     # FlashAttention 2 drops a window side that spans the cache (>= its capacity) before it picks the rotary
@@ -167,5 +169,6 @@ def flash_attn_with_kvcache(
     windowed = any(0 <= side < capacity for side in window_size)
     out, lse = kvcache_step(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                            rotary_interleaved, rotate_q_consecutive=causal or windowed, sinks=sinks)
+                            rotary_interleaved, rotate_q_consecutive=causal or windowed, sinks=sinks,
+                            alibi_slopes=alibi_slopes)
     return (out, lse) if return_softmax_lse else out

@@ -26,6 +26,7 @@ def attention(
     max_seqlen_k: Optional[int] = None,
     sinks: Optional[Tensor] = None,
     attention_chunk: int = 0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Scaled dot-product attention with multi-head, grouped-query or multi-query heads.
 
@@ -57,6 +58,9 @@ def attention(
         attention_chunk: chunked-local attention (Llama 4) when > 0: the query at position
             ``p = i + Tk - Tq`` sees only keys ``j`` with ``j // attention_chunk == p // attention_chunk``
             (floor division), intersected with ``causal`` and the window.
+        alibi_slopes: ALiBi (BLOOM, MPT), float32 ``[Hq]`` or ``[B, Hq]``: the logit of query ``i`` and
+            key ``j`` gains ``-slope * |i + Tk - Tq - j|`` after soft-capping (FlashAttention 2's
+            definition). Not differentiable: slopes that require grad are refused while grad mode is on.
 
     Returns:
         ``(out, lse)``: ``out`` is ``[B, Tq, Hq, Dv]`` (``[total_q, Hq, Dv]`` for varlen) in the
@@ -83,6 +87,7 @@ def attention(
         max_seqlen_k=max_seqlen_k,
         sinks=sinks,
         attention_chunk=attention_chunk,
+        alibi_slopes=alibi_slopes,
     )
 
 
@@ -105,6 +110,7 @@ def attention_backward(
     max_seqlen_q: Optional[int] = None,
     max_seqlen_k: Optional[int] = None,
     attention_chunk: int = 0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of :func:`attention` (what autograd calls; exposed for custom graphs).
 
@@ -132,6 +138,7 @@ def attention_backward(
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
         attention_chunk=attention_chunk,
+        alibi_slopes=alibi_slopes,
     )
 
 
@@ -187,6 +194,7 @@ def attention_with_kvcache(
     cache_leftpad: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
     attention_chunk: int = 0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention of new queries over a KV cache: decode (``Tq = 1``), chunked prefill, speculative verification.
 
@@ -205,8 +213,8 @@ def attention_with_kvcache(
     ``cache_leftpad`` (int32 ``[B]``) makes row ``b``'s keys the cache positions
     ``cache_leftpad[b] .. cache_seqlens[b] - 1``.
 
-    ``sinks`` and ``attention_chunk`` as in :func:`attention`; chunk positions are cache positions counted
-    from ``cache_leftpad[b]``.
+    ``sinks``, ``attention_chunk`` and ``alibi_slopes`` as in :func:`attention`; chunk and ALiBi positions are
+    cache positions counted from ``cache_leftpad[b]``.
 
     Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])`` (packed: ``out [total_q, Hq, Dv]``, ``lse [Hq, total_q]``);
     a row with an empty cache gives zeros and ``-inf``. Not differentiable (inference op).
@@ -228,6 +236,7 @@ def attention_with_kvcache(
         cache_leftpad=cache_leftpad,
         sinks=sinks,
         attention_chunk=attention_chunk,
+        alibi_slopes=alibi_slopes,
     )
 
 
@@ -249,6 +258,23 @@ def rotary_cos_sin(
     inv_freq = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim)
     angles = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def alibi_slopes(num_heads: int, *, device: Optional[torch.device] = None) -> Tensor:
+    """The ALiBi slopes of ``num_heads`` heads as BLOOM and MPT use them: float32 ``[num_heads]``, for
+    :func:`attention`'s ``alibi_slopes``.
+
+    With ``n`` the largest power of two ``<= num_heads``, head ``h < n`` gets ``2 ** (-8 (h + 1) / n)``; the
+    remaining heads take every other slope of the sequence for ``2 n`` heads, ``2 ** (-4 (2 i + 1) / n)``
+    (the ALiBi paper's rule for head counts that are not powers of two). Computed in float64, rounded once.
+    """
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    n = 1 << (num_heads.bit_length() - 1)
+    exponents = torch.arange(1, n + 1, dtype=torch.float64, device=device) * (-8.0 / n)
+    extra = torch.arange(num_heads - n, dtype=torch.float64, device=device) * 2 + 1
+    exponents = torch.cat([exponents, extra * (-4.0 / n)])
+    return torch.exp2(exponents).to(torch.float32)
 
 
 def rotary_embedding(

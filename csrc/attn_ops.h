@@ -38,7 +38,10 @@ std::tuple<at::Tensor, at::Tensor> attention(
     // softmax denominator; lse includes it. Differentiable.
     const std::optional<at::Tensor>& sinks = std::nullopt,
     // Chunked-local attention: with C > 0, position p sees only the keys of its chunk [p / C * C, p / C * C + C).
-    int64_t attention_chunk = 0);
+    int64_t attention_chunk = 0,
+    // ALiBi (float32 [heads_q] or [batch, heads_q]): the score of query position p and key position j gains
+    // -slope * |p - j| after soft-capping (positions bottom-right aligned). Not differentiable.
+    const std::optional<at::Tensor>& alibi_slopes = std::nullopt);
 
 // Gradients of `attention` with respect to q, k and v (dk/dv summed over each KV group's query heads).
 // `dlse`, when given, is the gradient flowing into the lse output.
@@ -60,7 +63,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
     std::optional<c10::SymInt> max_seqlen_k = std::nullopt,
     // As the forward's; the forward's sinks need nothing here (lse and out already include them).
-    int64_t attention_chunk = 0);
+    int64_t attention_chunk = 0,
+    const std::optional<at::Tensor>& alibi_slopes = std::nullopt);
 
 // Writes k [batch, seqlen_new, heads_kv, head_dim] (and v) into the contiguous cache
 // k_cache [batch, capacity, heads_kv, head_dim] at each row's current length cache_seqlens[b] (int32).
@@ -97,9 +101,10 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
     std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
     const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
     const std::optional<at::Tensor>& cache_leftpad = std::nullopt,
-    // As attention's; chunk positions are cache positions (from cache_leftpad[b]).
+    // As attention's; chunk and ALiBi positions are cache positions (from cache_leftpad[b]).
     const std::optional<at::Tensor>& sinks = std::nullopt,
-    int64_t attention_chunk = 0);
+    int64_t attention_chunk = 0,
+    const std::optional<at::Tensor>& alibi_slopes = std::nullopt);
 
 // Rotary position embedding (docs/rotary_api.md): x [..., heads, head_dim] rotated at positions (int32 /
 // int64 [...], x's leading dims) by the tables cos / sin [max_positions, rotary_dim / 2] (float32 or x's

@@ -13,7 +13,7 @@ shuffled (non-identity) block assignment, slot mappings.
 
 import torch
 
-from reference import attention_ref, make_bshd
+from reference import attention_ref, make_bshd, row_slopes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -52,7 +52,7 @@ def gather_cache_row(cache, b, L, block_table=None):
 
 def attention_with_kvcache_ref(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
                                causal=True, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
-                               attention_chunk=0, compute_dtype=torch.float64, p_dtype=None):
+                               attention_chunk=0, alibi_slopes=None, compute_dtype=torch.float64, p_dtype=None):
     """(out [B, Tq, Hq, Dv], lse [B, Hq, Tq]) in compute_dtype, one row at a time (p_dtype: as attention_ref)."""
     outs, lses = [], []
     for b, L in enumerate(cache_seqlens.cpu().tolist()):
@@ -60,7 +60,8 @@ def attention_with_kvcache_ref(q, k_cache, v_cache, cache_seqlens, *, block_tabl
         v = gather_cache_row(v_cache, b, L, block_table).unsqueeze(0)
         o, l = attention_ref(q[b:b + 1], k, v, scale=scale, causal=causal,
                              window_left=window_left, window_right=window_right, softcap=softcap,
-                             sinks=sinks, attention_chunk=attention_chunk, compute_dtype=compute_dtype,
+                             sinks=sinks, attention_chunk=attention_chunk,
+                             alibi_slopes=row_slopes(alibi_slopes, b), compute_dtype=compute_dtype,
                              p_dtype=p_dtype)
         outs.append(o)
         lses.append(l)

@@ -49,8 +49,24 @@ def visible_mask(Tq, Tk, *, causal=False, window_left=-1, window_right=-1, atten
     return vis
 
 
-def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, softcap, sinks, attention_chunk, cdt,
-                         p_dtype):
+def alibi_bias(slopes, B, Hq, Tq, Tk, dtype, device):
+    """[B or 1, Hq, Tq, Tk]: -slope * |i + Tk - Tq - j| (FlashAttention 2's ALiBi, bottom-right aligned) for
+    slopes [Hq] or [B, Hq]."""
+    i = torch.arange(Tq, device=device).view(Tq, 1)
+    j = torch.arange(Tk, device=device).view(1, Tk)
+    distance = (i + Tk - Tq - j).abs().to(dtype)
+    return -slopes.to(dtype).view(-1, Hq, 1, 1) * distance
+
+
+def row_slopes(alibi_slopes, b):
+    """The slopes of sequence b alone: [Hq] stays, [B, Hq] gives [1, Hq]."""
+    if alibi_slopes is None or alibi_slopes.dim() == 1:
+        return alibi_slopes
+    return alibi_slopes[b:b + 1]
+
+
+def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, softcap, sinks, attention_chunk,
+                         alibi_slopes, cdt, p_dtype):
     B, Tq, Hq, Dqk = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     assert Hq % Hkv == 0
@@ -62,6 +78,8 @@ def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, soft
     s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:  # after the cap, as FlashAttention 2
+        s = s + alibi_bias(alibi_slopes, B, Hq, Tq, Tk, cdt, q.device)
     vis = visible_mask(Tq, Tk, causal=causal, window_left=window_left, window_right=window_right,
                        attention_chunk=attention_chunk, device=q.device)
     vis = vis.expand(B, Hq, Tq, Tk)
@@ -93,7 +111,7 @@ def _attention_dense_ref(q, k, v, scale, causal, window_left, window_right, soft
 
 def attention_ref(q, k, v, *, scale=None, causal=False, window_left=-1, window_right=-1,
                   softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, sinks=None, attention_chunk=0,
-                  compute_dtype=torch.float64, p_dtype=None):
+                  alibi_slopes=None, compute_dtype=torch.float64, p_dtype=None):
     """Reference (out, lse) with the op's output shapes, computed in `compute_dtype`; with `p_dtype`, the
     probabilities are rounded to it before the product with V (the low-precision baseline, same_dtype_ref).
 
@@ -102,10 +120,10 @@ def attention_ref(q, k, v, *, scale=None, causal=False, window_left=-1, window_r
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    args = (scale, causal, window_left, window_right, softcap, sinks, attention_chunk, compute_dtype, p_dtype)
+    args = (scale, causal, window_left, window_right, softcap, sinks, attention_chunk)
     if cu_seqlens_q is None:
         assert cu_seqlens_k is None
-        return _attention_dense_ref(q, k, v, *args)
+        return _attention_dense_ref(q, k, v, *args, alibi_slopes, compute_dtype, p_dtype)
     cq = [int(x) for x in cu_seqlens_q.cpu().tolist()]
     ck = [int(x) for x in cu_seqlens_k.cpu().tolist()]
     assert len(cq) == len(ck) and cq[0] == 0 and ck[0] == 0
@@ -115,7 +133,8 @@ def attention_ref(q, k, v, *, scale=None, causal=False, window_left=-1, window_r
     for b in range(len(cq) - 1):
         qs, qe, ks, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
         o, l = _attention_dense_ref(q[qs:qe].unsqueeze(0), k[ks:ke].unsqueeze(0),
-                                    v[ks:ke].unsqueeze(0), *args)
+                                    v[ks:ke].unsqueeze(0), *args, row_slopes(alibi_slopes, b), compute_dtype,
+                                    p_dtype)
         outs.append(o[0])
         lses.append(l[0])
     if not outs:

@@ -11,7 +11,7 @@ a paged cache) into a dense tensor with plain indexing, then call the existing d
 import torch
 
 from mla_reference import mla_decode_ref
-from reference import attention_ref
+from reference import attention_ref, row_slopes
 
 
 def row_keys(cache, row, first, end, block_table=None):
@@ -33,7 +33,7 @@ def _rows(B, cache_batch_idx, cache_leftpad, cu_seqlens_q, Tq):
 
 def attention_with_kvcache_serving_ref(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
                                        cu_seqlens_q=None, cache_batch_idx=None, cache_leftpad=None,
-                                       causal=True, compute_dtype=torch.float64, **kw):
+                                       causal=True, alibi_slopes=None, compute_dtype=torch.float64, **kw):
     """(out, lse): dense [B, Tq, Hq, Dv] / [B, Hq, Tq], or packed [total_q, Hq, Dv] / [Hq, total_q];
     `kw`: scale, window_left, window_right, softcap (as reference.attention_ref)."""
     lens = cache_seqlens.cpu().tolist()
@@ -46,7 +46,7 @@ def attention_with_kvcache_serving_ref(q, k_cache, v_cache, cache_seqlens, *, bl
         k = row_keys(k_cache, idx[b], pad[b], lens[b], block_table)
         v = row_keys(v_cache, idx[b], pad[b], lens[b], block_table)
         o, l = attention_ref(qb.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal=causal,
-                            compute_dtype=compute_dtype, **kw)
+                            alibi_slopes=row_slopes(alibi_slopes, b), compute_dtype=compute_dtype, **kw)
         outs.append(o[0])
         lses.append(l[0])
     if packed:

@@ -27,13 +27,15 @@ SEQLENS = [(1, 1), (1, 147), (113, 203), (240, 97), (3, 799)]
 HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
 MASKS = {"none": dict(), "causal": dict(causal=True), "local": dict(window_size=(37, 11)),
          "causal_local": dict(causal=True, window_size=(50, -1)), "softcap": dict(causal=True, softcap=5.0)}
+# FlashAttention 2's masks: also ALiBi, BLOOM-like (causal, one slope per head; Hq = 4 in every case below)
+FA2_MASKS = dict(MASKS, alibi=dict(causal=True, alibi_slopes=torch.rand(4) * 0.2 + 0.01))
 
 
 def fa_to_ref(kw):
     """FlashAttention keyword arguments -> reference.attention_ref's."""
     w = kw.get("window_size", (-1, -1))
     return dict(scale=kw.get("softmax_scale"), causal=kw.get("causal", False), window_left=w[0], window_right=w[1],
-                softcap=kw.get("softcap", 0.0))
+                softcap=kw.get("softcap", 0.0), alibi_slopes=kw.get("alibi_slopes"))
 
 
 def check_fa_rule(ours, q, k, v, kw, *, lse=None, **varlen):
@@ -47,22 +49,22 @@ def check_fa_rule(ours, q, k, v, kw, *, lse=None, **varlen):
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=str)
 @pytest.mark.parametrize("d", [32, 128])
 @pytest.mark.parametrize("heads", HEADS)
-@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("mask", FA2_MASKS)
 @pytest.mark.parametrize("dtype", FA_DTYPES)
 def test_flash_attn_func(dtype, seqlens, d, heads, mask):
     (tq, tk), (hq, hk) = seqlens, HEADS[heads]
     q, k, v = (torch.randn(2, t, h, d, dtype=FA_DTYPES[dtype]) for t, h in ((tq, hq), (tk, hk), (tk, hk)))
-    out, lse, probs = flash_attn_func(q, k, v, return_attn_probs=True, **MASKS[mask])
+    out, lse, probs = flash_attn_func(q, k, v, return_attn_probs=True, **FA2_MASKS[mask])
     assert probs is None
-    check_fa_rule(out, q, k, v, MASKS[mask], lse=lse)
+    check_fa_rule(out, q, k, v, FA2_MASKS[mask], lse=lse)
 
 
 @pytest.mark.parametrize("seqlens", [(1, 147), (113, 203), (240, 97)], ids=str)
-@pytest.mark.parametrize("mask", ["causal", "local", "softcap"])
+@pytest.mark.parametrize("mask", ["causal", "local", "softcap", "alibi"])
 @pytest.mark.parametrize("dtype", FA_DTYPES)
 def test_flash_attn_func_backward(dtype, seqlens, mask):
     tq, tk = seqlens
-    kw, dt = dict(MASKS[mask], softmax_scale=0.2), FA_DTYPES[dtype]
+    kw, dt = dict(FA2_MASKS[mask], softmax_scale=0.2), FA_DTYPES[dtype]
     q, k, v = (torch.randn(1, t, h, 64, dtype=dt, requires_grad=True) for t, h in ((tq, 4), (tk, 2), (tk, 2)))
     dout = torch.randn(1, tq, 4, 64, dtype=dt)
     grads = torch.autograd.grad(flash_attn_func(q, k, v, **kw), (q, k, v), dout)
@@ -78,7 +80,7 @@ def test_flash_attn_func_backward(dtype, seqlens, mask):
 
 @pytest.mark.parametrize("lens", [[(1, 1), (0, 5), (113, 203), (30, 7)], [(128, 128), (17, 0), (1, 300)]], ids=str)
 @pytest.mark.parametrize("heads", HEADS)
-@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("mask", ["none", "causal", "local", "alibi"])
 @pytest.mark.parametrize("dtype", FA_DTYPES)
 def test_flash_attn_varlen_func(dtype, lens, heads, mask):
     (hq, hk), d, dt = HEADS[heads], 64, FA_DTYPES[dtype]
@@ -87,8 +89,20 @@ def test_flash_attn_varlen_func(dtype, lens, heads, mask):
     q = torch.randn(int(cu_q[-1]), hq, d, dtype=dt)
     k, v = (torch.randn(int(cu_k[-1]), hk, d, dtype=dt) for _ in range(2))
     max_q, max_k = max(a for a, _ in lens), max(b for _, b in lens)
-    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, return_attn_probs=True, **MASKS[mask])
-    check_fa_rule(out, q, k, v, MASKS[mask], lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    kw = FA2_MASKS[mask]
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, return_attn_probs=True, **kw)
+    check_fa_rule(out, q, k, v, kw, lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+
+def test_alibi_slopes_per_batch_row():
+    """FlashAttention 2's [B, Hq] slopes: row b's heads use alibi_slopes[b] (a BLOOM batch with per-row slopes),
+    through flash_attn_func and a flash_attn_with_kvcache step over a paged cache."""
+    q, k, v = (torch.randn(3, t, 4, 32, dtype=BF16) for t in (40, 40, 40))
+    kw = dict(causal=True, alibi_slopes=torch.rand(3, 4) * 0.2)
+    check_fa_rule(flash_attn_func(q, k, v, **kw), q, k, v, kw)
+    a = kvcache_case(BF16, tq=2, tnew=2, paged=True, batch_idx=True, leftpad=True, rotary=None)
+    out = flash_attn_with_kvcache(**a, **kw)
+    assert_close_to_ref(out, fa_kvcache_ref(a, kw, torch.float64)[0], fa_kvcache_ref(a, kw, BF16)[0], name="out")
 
 
 def test_packed_variants_equal_unpacked():
@@ -175,13 +189,15 @@ def fa_kvcache_ref(a, kw, dt, attn_dt=None):
     out, lse = attention_with_kvcache_serving_ref(
         q, kc, vc, (lens + tnew).to(torch.int32), block_table=a.get("block_table"),
         cache_batch_idx=a.get("cache_batch_idx"), cache_leftpad=a.get("cache_leftpad"), causal=kw.get("causal", False),
-        window_left=w[0], window_right=w[1], softcap=kw.get("softcap", 0.0), compute_dtype=attn_dt or dt)
+        window_left=w[0], window_right=w[1], softcap=kw.get("softcap", 0.0), alibi_slopes=kw.get("alibi_slopes"),
+        compute_dtype=attn_dt or dt)
     return out, lse, kc, vc
 
 
 # (rotary, mask) pairs: each rotary layout and each mask at least once, rotary with both query rules
 # (consecutive positions when causal / windowed)
-ROTARY_MASKS = [(None, "causal"), ("half", "local"), ("interleaved", "softcap"), ("interleaved", "none")]
+ROTARY_MASKS = [(None, "causal"), ("half", "local"), ("interleaved", "softcap"), ("interleaved", "none"),
+                ("half", "alibi")]
 
 
 # bfloat16 over the whole grid, float32 over a part of it (time budget)
@@ -198,7 +214,7 @@ KVCACHE_GRID = [(dtype, tq, tnew, paged, extras, rotary, mask)
 def test_flash_attn_with_kvcache(dtype, tq, tnew, paged, extras, rotary, mask):
     a = kvcache_case(dtype, tq=tq, tnew=tnew, paged=paged, batch_idx=extras in ("batch_idx", "both"),
                      leftpad=extras in ("leftpad", "both"), rotary=rotary)
-    kw = MASKS[mask]
+    kw = FA2_MASKS[mask]
     ref = fa_kvcache_ref(a, kw, torch.float64)
     same = fa_kvcache_ref(a, kw, dtype)
     out, lse = flash_attn_with_kvcache(**a, **kw, return_softmax_lse=True)
@@ -251,10 +267,6 @@ def test_unsupported_features_raise():
     q = torch.randn(1, 4, 2, 16)
     with pytest.raises(NotImplementedError, match="dropout_p > 0 is not supported, got 0.1"):
         flash_attn_func(q, q, q, dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match=r"alibi_slopes \(ALiBi\) is not supported"):
-        flash_attn_func(q, q, q, alibi_slopes=torch.ones(2))
-    with pytest.raises(NotImplementedError, match=r"alibi_slopes \(ALiBi\) is not supported"):
-        flash_attn_with_kvcache(q, q, q, alibi_slopes=torch.ones(2))
     q8 = q.to(torch.float8_e4m3fn)
     with pytest.raises(NotImplementedError, match="fp8 inputs are not supported, got torch.float8_e4m3fn"):
         flash_attn_func(q8, q8, q8)

@@ -45,14 +45,23 @@ def repeat_kv(x, n_rep):
     return x[:, :, None].expand(B, Hkv, n_rep, T, D).reshape(B, Hkv * n_rep, T, D)
 
 
+def geometric_alibi_slopes(num_heads):
+    """The ALiBi paper's slopes (BLOOM's build_alibi_tensor): 2^(-8/n)^k for the largest power of two n <= heads,
+    then the odd powers of 2^(-4/n) for the rest."""
+    n = 2 ** math.floor(math.log2(num_heads))
+    slopes = [(2.0 ** (-8.0 / n)) ** k for k in range(1, n + 1)]
+    slopes += [(2.0 ** (-4.0 / n)) ** (2 * i + 1) for i in range(num_heads - n)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
 class RefAttention(nn.Module):
     """The GroupedQueryAttention computation written out in plain PyTorch, same parameter names."""
 
     def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, bias, sliding_window,
-                 interleaved, sinks=False, chunk=0):
+                 interleaved, sinks=False, chunk=0, alibi=False):
         super().__init__()
         self.h, self.hkv, self.d = num_heads, num_kv_heads, head_dim
-        self.window, self.interleaved, self.chunk = sliding_window, interleaved, chunk
+        self.window, self.interleaved, self.chunk, self.alibi = sliding_window, interleaved, chunk, alibi
         # gpt-oss eager: one more score column per head, dropped after the softmax
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
@@ -65,7 +74,7 @@ class RefAttention(nn.Module):
         """`mod`'s weights in `dtype`; the rotary convention is the caller's (from the configuration)."""
         ref = cls(mod.hidden_size, mod.num_heads, mod.num_kv_heads, mod.head_dim,
                   mod.q_proj.bias is not None, mod.sliding_window, interleaved, mod.sinks is not None,
-                  mod.attention_chunk)
+                  mod.attention_chunk, mod.alibi)
         ref = ref.to(device=mod.q_proj.weight.device, dtype=dtype)
         ref.load_state_dict(mod.state_dict())  # casts the module's values into `dtype`
         return ref
@@ -81,12 +90,16 @@ class RefAttention(nn.Module):
         else:
             cos, sin, rot = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1), rotate_half
         cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
-        q = q * cos + rot(q) * sin
-        k = k * cos + rot(k) * sin
+        if not self.alibi:  # BLOOM / MPT: no rotary embedding
+            q = q * cos + rot(q) * sin
+            k = k * cos + rot(k) * sin
         k, v = repeat_kv(k, self.h // self.hkv), repeat_kv(v, self.h // self.hkv)
         scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.d)
         i = torch.arange(T, device=x.device)[:, None]
         j = torch.arange(T, device=x.device)[None, :]
+        if self.alibi:  # BLOOM's bias, in the scores' dtype
+            slopes = geometric_alibi_slopes(self.h).to(x.device, scores.dtype)
+            scores = scores - slopes.view(1, -1, 1, 1) * (i - j).abs().to(scores.dtype)
         visible = j <= i
         if self.window is not None:
             visible = visible & (i - j < self.window)
@@ -133,6 +146,9 @@ CONFIGS = {
     # gpt-oss's sliding layers (learned sinks, a window) and Llama 4's chunked layers
     "sinks_window4": dict(hidden_size=64, num_heads=4, num_kv_heads=2, sliding_window=4, sinks=True),
     "chunk6": dict(hidden_size=64, num_heads=4, num_kv_heads=1, attention_chunk=6),
+    # BLOOM / MPT: ALiBi, no rotary; 6 heads take the slopes of the rule for head counts off a power of two
+    "alibi_mha": dict(hidden_size=64, num_heads=4, num_kv_heads=4, alibi=True),
+    "alibi6_gqa": dict(hidden_size=48, num_heads=6, num_kv_heads=2, head_dim=8, alibi=True),
 }
 
 
@@ -257,7 +273,7 @@ def test_gqa_softmax_scale():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=["f32", "f64", "f16"])
 @pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "interleaved", "window5",
-                                  "window3_bias_interleaved", "sinks_window4", "chunk6"])
+                                  "window3_bias_interleaved", "sinks_window4", "chunk6", "alibi6_gqa"])
 def test_backward_matches_reference(name, dtype, device):
     mod = build(name, dtype, device)
     B, T = 2, 17
@@ -298,7 +314,7 @@ CACHE_KINDS = ["contig", "paged1", "paged16"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-@pytest.mark.parametrize("name", ["gqa", "window5", "qwen2_bias", "sinks_window4", "chunk6"])
+@pytest.mark.parametrize("name", ["gqa", "window5", "qwen2_bias", "sinks_window4", "chunk6", "alibi_mha"])
 @pytest.mark.parametrize("kind", CACHE_KINDS)
 def test_prefill_then_decode_matches_full_forward(kind, name, dtype, device):
     """model_helpers.check_prefill_then_decode through a 2-layer stack sharing one cache (bfloat16:

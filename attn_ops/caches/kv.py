@@ -60,16 +60,17 @@ class _KVCacheBase(_CacheBase):
 
     def attend(self, layer_idx: int, q: Tensor, *, scale: Optional[float] = None,
                window_left: int = -1, softcap: float = 0.0, sinks: Optional[Tensor] = None,
-               attention_chunk: int = 0) -> Tensor:
+               attention_chunk: int = 0, alibi_slopes: Optional[Tensor] = None) -> Tensor:
         """Causal attention of ``q [B, T, Hq, D]`` (the ``T`` tokens just appended) over layer
-        ``layer_idx``'s cache: ``[B, T, Hq, Dv]``; ``sinks`` / ``attention_chunk`` as
+        ``layer_idx``'s cache: ``[B, T, Hq, Dv]``; ``sinks`` / ``attention_chunk`` / ``alibi_slopes`` as
         :func:`attn_ops.attention_with_kvcache`'s (chunks at cache positions)."""
         self._check_layer(layer_idx)
         B, T = q.shape[0], q.shape[1]
         (k, v), block_table = self._layout((self.k[layer_idx], self.v[layer_idx]), B)
         out, _ = _ops.attention_with_kvcache(q, k, v, self._rows(self.seqlens, B) + T, block_table=block_table,
                                              scale=scale, causal=True, window_left=window_left, softcap=softcap,
-                                             sinks=sinks, attention_chunk=attention_chunk)
+                                             sinks=sinks, attention_chunk=attention_chunk,
+                                             alibi_slopes=alibi_slopes)
         return out
 
 

@@ -24,11 +24,18 @@ Each row's real tokens must be one contiguous run: left padding, right padding, 
 unused tail all are.
 
 Supported: causal (bottom-right aligned, so decoding over a cache needs no mask), ``scaling``,
-``sliding_window``, ``softcap``, attention sinks (gpt-oss's ``s_aux``), GQA/MQA, padding, ``DynamicCache`` /
-``StaticCache`` generation, ``torch.compile(fullgraph=True)``; bidirectional masks pad keys only, as
-transformers' do (encoders, cross-attention). Not supported (clear errors): attention dropout, 4-D masks, custom
-``or_mask_function`` / ``and_mask_function``, prefix-LM / block masks, chunked attention, packed
-sequences given only by ``position_ids`` and position biases. See docs/transformers.md.
+``sliding_window``, ``softcap``, attention sinks (gpt-oss's ``s_aux``), chunked attention (Llama 4's
+``attention_chunk_size`` layers), GQA/MQA, padding, ``DynamicCache`` / ``StaticCache`` generation,
+``torch.compile(fullgraph=True)``; bidirectional masks pad keys only, as transformers' do (encoders,
+cross-attention). Not supported (clear errors): attention dropout, 4-D masks, custom ``or_mask_function`` /
+``and_mask_function``, prefix-LM / block masks, packed sequences given only by ``position_ids`` and position
+biases. See docs/transformers.md.
+
+Chunked layers: transformers builds their mask with ``local_size`` (the chunk) and caches only the keys their
+queries' chunks can hold, so a layer's first key sits at any position. The layout then starts each row's key
+run at the chunk of its first real query (the keys before it are in earlier chunks, which no query of the call
+sees), so the op's chunks, counted from the run's first key, are the model's, counted from the row's first real
+token.
 """
 import warnings
 from typing import Optional, Tuple
@@ -98,11 +105,10 @@ def padding_layout(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
             "attn_ops attention does not support custom or_mask_function / and_mask_function "
             "masks (they need a dense mask); use attn_implementation='sdpa' for this model")
     config = kwargs.get("config")
-    if getattr(config, "attention_chunk_size", None):
-        raise NotImplementedError(
-            "attn_ops attention does not support chunked attention (config.attention_chunk_size, Llama 4): "
-            "its chunk boundaries are positions in the whole sequence, which a decode step cannot see; "
-            "use attn_implementation='sdpa' for this model")
+    # A chunked layer's mask: create_chunked_causal_mask passes the chunk as local_size (the sliding-window masks
+    # pass their window; no transformers model has both)
+    chunk = getattr(config, "attention_chunk_size", None)
+    chunk = chunk if chunk and kwargs.get("local_size") == chunk else None
     q_pos = torch.arange(q_length, device=device) + q_offset
     kv_pos = torch.arange(kv_length, device=device) + kv_offset
     aligned = isinstance(q_offset, int) and q_offset + q_length == kv_offset + kv_length
@@ -124,8 +130,13 @@ def padding_layout(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
         q_in_mask = attention_mask[:, q_pos.clamp(max=width - 1)] & (q_pos < width)
         q_real = q_in_mask | bidirectional
         kv_real = attention_mask[:, kv_offset:kv_offset + kv_length] & keys_in_reach
-    _check_no_breaks(mask_function, batch_size, q_pos, q_real)
-    if attention_mask is None and aligned:
+    # transformers counts a chunked layer's chunks from each row's first real token (after its left padding)
+    left_pad = None
+    if chunk:
+        left_pad = (torch.zeros(batch_size, dtype=torch.long, device=device) if attention_mask is None
+                    else (attention_mask.cumsum(dim=-1) == 0).sum(dim=-1))
+    _check_no_breaks(mask_function, batch_size, q_pos, q_real, chunk, left_pad)
+    if attention_mask is None and aligned and not chunk:
         return None
     q_start, q_count, q_one_run = _real_run(q_real)
     k_start, k_count, k_one_run = _real_run(kv_real)
@@ -133,7 +144,13 @@ def padding_layout(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
              "attn_ops attention needs each row's real (attention_mask = 1) tokens to be one "
              "contiguous run (left or right padding); this attention_mask has padding between "
              "real tokens")
-    if aligned and not is_tracing(q_real) and bool(q_real.all() & kv_real.all()):
+    if chunk:
+        # Drop the keys before the chunk of the row's first real query: in earlier chunks, seen by no query.
+        first_key = kv_offset + k_start - left_pad
+        first_query_chunk = torch.div(q_offset + q_start - left_pad, chunk, rounding_mode="floor") * chunk
+        drop = torch.minimum((first_query_chunk - first_key).clamp(min=0), k_count)
+        k_start, k_count = k_start + drop, k_count - drop
+    elif aligned and not is_tracing(q_real) and bool(q_real.all() & kv_real.all()):
         return None
     if aligned and kv_length > 0:
         # The op aligns a window bottom-right: query i of the run sits at key position i + k_count - q_count of
@@ -168,17 +185,22 @@ def _first_query_sees(mask_function, q_pos: Tensor, key_pos: Tensor) -> Tensor:
     return mask_function(first, first, q_pos[None, :1], key_pos.reshape(1, 1)).reshape(())
 
 
-def _check_no_breaks(mask_function, batch_size: int, q_pos: Tensor, q_real: Tensor) -> None:
+def _check_no_breaks(mask_function, batch_size: int, q_pos: Tensor, q_real: Tensor, chunk=None,
+                     left_pad: Optional[Tensor] = None) -> None:
     """Between two real neighbouring queries, the later must see the earlier (true of causal,
-    bidirectional and sliding-window (width >= 2) masks, false at the boundaries of packed sequences and
-    attention chunks), and whether the earlier sees the later must be the same for every such pair (all:
-    bidirectional, none: causal; some: a prefix-LM or block mask, PaliGemma's image and prefix tokens).
-    The layout can express neither of the two patterns it rules out."""
+    bidirectional and sliding-window (width >= 2) masks, false at the boundaries of packed sequences and,
+    in a chunked layer's mask, of chunks: pairs in two chunks are not checked there), and whether the earlier
+    sees the later must be the same for every such pair (all: bidirectional, none: causal; some: a prefix-LM
+    or block mask, PaliGemma's image and prefix tokens). The layout can express neither of the two patterns
+    it rules out."""
     if mask_function is None or q_pos.numel() < 2:
         return
     batch = torch.arange(batch_size, device=q_pos.device)[:, None]
     head = torch.zeros(1, 1, dtype=torch.long, device=q_pos.device)
     real_pair = q_real[:, 1:] & q_real[:, :-1]
+    if chunk:  # chunks counted from each row's first real token
+        chunk_of = torch.div(q_pos[None, :] - left_pad[:, None], chunk, rounding_mode="floor")
+        real_pair = real_pair & (chunk_of[:, 1:] == chunk_of[:, :-1])
     sees_before = mask_function(batch, head, q_pos[None, 1:], q_pos[None, :-1])
     _require((sees_before | ~real_pair).all(),
              "attn_ops attention supports causal, bidirectional and sliding-window masks only: "
@@ -225,6 +247,9 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
         is_causal: default ``module.is_causal`` (True when the module has no such attribute).
         s_aux: attention sinks ``[Hq]`` (gpt-oss): ``exp(s_aux[h])`` joins each row's softmax
             denominator; differentiable.
+
+    A layer of a model whose ``config.attention_chunk_size`` is set is chunked when its ``layer_types`` entry is
+    ``"chunked_attention"`` (every layer when the config has no ``layer_types``, as transformers decides).
     """
     if dropout:
         raise ValueError(f"attn_ops attention has no dropout, got dropout={dropout} (the model's "
@@ -241,7 +266,7 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
         is_causal = getattr(module, "is_causal", True)
     window = sliding_window - 1 if sliding_window else -1
     options = dict(scale=scaling, causal=bool(is_causal), window_left=window, window_right=window,
-                   softcap=softcap or 0.0, sinks=kwargs.get("s_aux"))
+                   softcap=softcap or 0.0, sinks=kwargs.get("s_aux"), attention_chunk=_chunk_of(module))
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if attention_mask is None:
         return ops.attention(q, k, v, **options)[0], None
@@ -251,6 +276,19 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
             f"function builds from a 2-D attention_mask, got {attention_mask.dtype} of shape "
             f"{list(attention_mask.shape)} (4-D masks are not supported by attn_ops)")
     return _padded_attention(q, k, v, attention_mask, options), None
+
+
+def _chunk_of(module: torch.nn.Module) -> int:
+    """The attention chunk of ``module``'s layer (0: not a chunked layer)."""
+    config = getattr(module, "config", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    if not chunk:
+        return 0
+    layer_types = getattr(config, "layer_types", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    if layer_types is None or layer_idx is None:
+        return int(chunk)
+    return int(chunk) if layer_types[layer_idx] == "chunked_attention" else 0
 
 
 def _padded_attention(q: Tensor, k: Tensor, v: Tensor, layout: Tensor, options: dict) -> Tensor:

@@ -50,6 +50,10 @@ class GroupedQueryAttention(RotaryTables):
             head ``h`` (:func:`attn_ops.attention`'s ``sinks``); gpt-oss checkpoints load it by name.
         attention_chunk: chunked-local attention as Llama 4's chunked layers (keyword-only; 0: none): a
             query at position ``p`` sees only keys at positions ``p // C * C .. p``.
+        alibi: ALiBi instead of rotary embeddings, as BLOOM and MPT (keyword-only): no rotation, and the
+            logit of query ``p`` and key ``j`` of head ``h`` gains ``-m_h * (p - j)`` with the slopes
+            ``m`` of :func:`attn_ops.alibi_slopes` (``num_heads`` of them; the property
+            :attr:`alibi_slopes`).
 
     :meth:`from_linear` wraps a model's existing projections (docs/module_swap.md);
     :func:`attn_ops.tensor_parallel` shards the heads over ranks (docs/distributed.md).
@@ -59,7 +63,7 @@ class GroupedQueryAttention(RotaryTables):
                  bias: bool = False, rope_theta: float = 10000.0, sliding_window: Optional[int] = None,
                  rope_interleaved: bool = False, max_position_embeddings: int = 4096, device=None,
                  dtype=None, *, softmax_scale: Optional[float] = None, sinks: bool = False,
-                 attention_chunk: int = 0):
+                 attention_chunk: int = 0, alibi: bool = False):
         super().__init__()
         check_positive("hidden_size", hidden_size)
         check_positive("num_heads", num_heads)  # before the division below (0 raised ZeroDivisionError)
@@ -79,6 +83,9 @@ class GroupedQueryAttention(RotaryTables):
         if attention_chunk < 0:
             raise ValueError(f"attention_chunk must be >= 0 (0: no chunking), got {attention_chunk}")
         self.attention_chunk = int(attention_chunk)
+        self.alibi = bool(alibi)
+        # (heads of the model's layer, this module's first): a tensor-parallel shard's slopes are its heads' slice
+        self._alibi_heads = (num_heads, 0)
         self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
         self.head_dim = head_dim
         self.softmax_scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -144,6 +151,15 @@ class GroupedQueryAttention(RotaryTables):
         return module
 
     @property
+    def alibi_slopes(self) -> Optional[Tensor]:
+        """float32 ``[num_heads]``: the ALiBi slopes of this module's heads, or ``None`` without ALiBi. Computed
+        when read (not a buffer, so casting the module cannot round them)."""
+        if not self.alibi:
+            return None
+        total, first = self._alibi_heads
+        return _ops.alibi_slopes(total, device=self.q_proj.weight.device)[first:first + self.num_heads]
+
+    @property
     def window_left(self) -> int:
         """The ops' ``window_left`` for :attr:`sliding_window` (``-1`` when unbounded)."""
         return self.sliding_window - 1 if self.sliding_window is not None else -1
@@ -153,8 +169,9 @@ class GroupedQueryAttention(RotaryTables):
         """``x [B, T, E] -> [B, T, E]``.
 
         Without a cache (training, full-sequence inference): ``positions`` (int ``[T]`` or ``[B, T]``)
-        default to ``0 .. T-1``; RoPE by the differentiable :func:`attn_ops.rotary_embedding`, then
-        causal :func:`attn_ops.attention`. Gradients flow to ``x`` and every parameter.
+        default to ``0 .. T-1``; RoPE by the differentiable :func:`attn_ops.rotary_embedding` (none with
+        ``alibi``, which ignores ``positions``), then causal :func:`attn_ops.attention`. Gradients flow to
+        ``x`` and every parameter.
 
         With a cache (inference; call it under ``torch.no_grad()`` / ``inference_mode``): the ``T``
         tokens of row ``b`` sit at cache positions ``cache.seqlens[b] + t``; ``positions`` defaults to
@@ -171,12 +188,13 @@ class GroupedQueryAttention(RotaryTables):
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        cos, sin = self._tables(q.dtype)
-        positions = positions_for(positions, B, T, x.device, cache)
-        # with a cache, rotate in place (tensors that require grad still rotate out of place)
-        rope = dict(interleaved=self.rope_interleaved, in_place=cache is not None)
-        q, k = rotate(q, cos, sin, positions, **rope), rotate(k, cos, sin, positions, **rope)
-        pattern = dict(sinks=self.sinks, attention_chunk=self.attention_chunk)
+        if not self.alibi:  # ALiBi's positions are the ops' (cache positions with a cache)
+            cos, sin = self._tables(q.dtype)
+            positions = positions_for(positions, B, T, x.device, cache)
+            # with a cache, rotate in place (tensors that require grad still rotate out of place)
+            rope = dict(interleaved=self.rope_interleaved, in_place=cache is not None)
+            q, k = rotate(q, cos, sin, positions, **rope), rotate(k, cos, sin, positions, **rope)
+        pattern = dict(sinks=self.sinks, attention_chunk=self.attention_chunk, alibi_slopes=self.alibi_slopes)
         if cache is None:
             out, _ = _ops.attention(q, k, v, scale=self.softmax_scale, causal=True,
                                     window_left=self.window_left, **pattern)
@@ -201,6 +219,8 @@ class GroupedQueryAttention(RotaryTables):
             s += ", sinks=True"
         if self.attention_chunk:
             s += f", attention_chunk={self.attention_chunk}"
+        if self.alibi:
+            s += ", alibi=True"
         return s
 
 

@@ -123,7 +123,8 @@ class TensorParallelGroupedQueryAttention(GroupedQueryAttention):
                     sliding_window=module.sliding_window, rope_interleaved=module.rope_interleaved,
                     max_position_embeddings=module.max_position_embeddings, device="meta",
                     dtype=module.q_proj.weight.dtype, softmax_scale=module.softmax_scale,
-                    attention_chunk=module.attention_chunk)
+                    attention_chunk=module.attention_chunk, alibi=module.alibi)
+        local._alibi_heads = (module._alibi_heads[0], module._alibi_heads[1] + rank * q_local)  # its heads' slopes
         if module.sinks is not None:  # this rank's heads' sinks (a copy, as the weights)
             local.sinks = torch.nn.Parameter(module.sinks.detach()[rank * q_local:(rank + 1) * q_local].clone())
         local.group = group

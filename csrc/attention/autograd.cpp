@@ -3,6 +3,7 @@
 // ops.
 #include "attn_ops.h"  // the public C++ API
 #include "attention/validation.h"
+#include "common/attention_checks.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -37,12 +38,14 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
                                std::optional<c10::SymInt> max_seqlen_k, const std::optional<at::Tensor>& sinks,
-                               int64_t attention_chunk) {
+                               int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, lse] = attn_ops::attention(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, attention_chunk);
+                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, attention_chunk,
+                                          alibi_slopes);
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q.value_or(at::Tensor()),
-                            cu_seqlens_k.value_or(at::Tensor()), sinks.value_or(at::Tensor())});
+                            cu_seqlens_k.value_or(at::Tensor()), sinks.value_or(at::Tensor()),
+                            alibi_slopes.value_or(at::Tensor())});
     ctx->saved_data["attention_chunk"] = attention_chunk;
     ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     ctx->saved_data["causal"] = causal;
@@ -69,16 +72,16 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         dout, q, k, v, out, lse, optional_tensor(grads[1]), data["scale"].toOptional<double>(),
         data["causal"].toBool(), data["window_left"].toInt(), data["window_right"].toInt(), data["softcap"].toDouble(),
         optional_tensor(saved[5]), optional_tensor(saved[6]), data["max_seqlen_q"].toOptional<c10::SymInt>(),
-        data["max_seqlen_k"].toOptional<c10::SymInt>(), data["attention_chunk"].toInt());
+        data["max_seqlen_k"].toOptional<c10::SymInt>(), data["attention_chunk"].toInt(), optional_tensor(saved[8]));
     const at::Tensor& sinks = saved[7];
     // Edges are the defined tensor arguments: q, k, v, (cu_seqlens_q, cu_seqlens_k,) sinks.
     const size_t sinks_edge = saved[5].defined() ? 5 : 3;
     const at::Tensor dsinks = sinks.defined() && ctx->needs_input_grad(sinks_edge)
                                   ? sinks_gradient(sinks, dout, out, lse, optional_tensor(grads[1]), saved[5].defined())
                                   : at::Tensor();
-    // One entry per forward argument; the non-tensor ones and cu_seqlens get none.
-    return {dq,          dk,          dv,          at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), dsinks,       at::Tensor()};
+    // One entry per forward argument; the non-tensor ones, cu_seqlens and alibi_slopes get none.
+    return {dq,           dk,           dv,           at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), dsinks,       at::Tensor(), at::Tensor()};
   }
 };
 
@@ -90,10 +93,12 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
                                                       std::optional<c10::SymInt> max_seqlen_q,
                                                       std::optional<c10::SymInt> max_seqlen_k,
                                                       const std::optional<at::Tensor>& sinks,
-                                                      int64_t attention_chunk) {
+                                                      int64_t attention_chunk,
+                                                      const std::optional<at::Tensor>& alibi_slopes) {
+  check_alibi_not_differentiable("attn_ops.attention", alibi_slopes);
   variable_list outs = AttentionFunction::apply(q, k, v, scale, causal, window_left, window_right, softcap,
                                                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks,
-                                                attention_chunk);
+                                                attention_chunk, alibi_slopes);
   return {outs[0], outs[1]};
 }
 

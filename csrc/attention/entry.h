@@ -22,10 +22,12 @@ std::tuple<at::Tensor, at::Tensor> attention_on(const at::Tensor& q, const at::T
                                                 const std::optional<at::Tensor>& cu_seqlens_k,
                                                 std::optional<c10::SymInt> max_seqlen_q,
                                                 std::optional<c10::SymInt> max_seqlen_k,
-                                                const std::optional<at::Tensor>& sinks, int64_t attention_chunk) {
+                                                const std::optional<at::Tensor>& sinks, int64_t attention_chunk,
+                                                const std::optional<at::Tensor>& alibi_slopes) {
   const AttentionCall call = prepare_attention(q, k, v, scale, causal, window_left, window_right, softcap,
                                                cu_seqlens_q, cu_seqlens_k, size_hint(max_seqlen_q),
-                                               size_hint(max_seqlen_k), sinks, attention_chunk);
+                                               size_hint(max_seqlen_k),
+                                               PatternOptions{sinks, alibi_slopes, attention_chunk});
   auto [out, lse] = empty_out_lse(call.outputs, q.options());
   if constexpr (forward != nullptr) {
     forward(call, out, lse);
@@ -39,10 +41,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_on(
     const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
-    std::optional<c10::SymInt> max_seqlen_k, int64_t attention_chunk) {
+    std::optional<c10::SymInt> max_seqlen_k, int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes) {
   const AttentionBackwardCall call = prepare_attention_backward(
       dout, q, k, v, out, lse, dlse, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
-      size_hint(max_seqlen_q), size_hint(max_seqlen_k), attention_chunk);
+      size_hint(max_seqlen_q), size_hint(max_seqlen_k), PatternOptions{std::nullopt, alibi_slopes, attention_chunk});
   auto [dq, dk, dv] = empty_attention_grads(q, k, v);
   if constexpr (backward != nullptr) {
     backward(call, dq, dk, dv);
@@ -62,11 +64,12 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q
                                                              const std::optional<at::Tensor>& cache_batch_idx,
                                                              const std::optional<at::Tensor>& cache_leftpad,
                                                              const std::optional<at::Tensor>& sinks,
-                                                             int64_t attention_chunk) {
+                                                             int64_t attention_chunk,
+                                                             const std::optional<at::Tensor>& alibi_slopes) {
   const KvCacheRows rows{cu_seqlens_q, size_hint(max_seqlen_q), cache_batch_idx, cache_leftpad};
   const AttentionCall call = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale,
-                                                            causal, window_left, window_right, softcap, rows, sinks,
-                                                            attention_chunk);
+                                                            causal, window_left, window_right, softcap, rows,
+                                                            PatternOptions{sinks, alibi_slopes, attention_chunk});
   auto [out, lse] = empty_out_lse(call.outputs, q.options());
   if constexpr (forward != nullptr) {
     forward(call, out, lse);

@@ -106,7 +106,7 @@ void check_attention_inputs(AttentionCall& call) {
   check_head_dims(op, call.head_dim_qk, call.head_dim_v);
 
   check_score_options(op, q.scalar_type(), call.given_scale, call.window_left, call.window_right, call.softcap);
-  check_pattern_options(op, q, call.heads_q, call.sinks, call.attention_chunk);
+  check_pattern_options(op, q, call.batch, call.heads_q, call.patterns);
   TORCH_CHECK(!call.max_seqlen_q.has_value() || *call.max_seqlen_q >= 0, op, ": max_seqlen_q must be >= 0, got ",
               call.max_seqlen_q.value_or(0));
   TORCH_CHECK(!call.max_seqlen_k.has_value() || *call.max_seqlen_k >= 0, op, ": max_seqlen_k must be >= 0, got ",
@@ -158,14 +158,12 @@ AttentionCall prepare_attention(const at::Tensor& q, const at::Tensor& k, const 
                                 std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
                                 double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                 const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-                                std::optional<int64_t> max_seqlen_k, const std::optional<at::Tensor>& sinks,
-                                int64_t attention_chunk) {
+                                std::optional<int64_t> max_seqlen_k, const PatternOptions& patterns) {
   AttentionCall call;
   call.op = "attn_ops.attention";
   set_operands(call, q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
                max_seqlen_q, max_seqlen_k);
-  call.sinks = sinks;
-  call.attention_chunk = attention_chunk;
+  call.patterns = patterns;
   check_attention_inputs(call);
   return call;
 }
@@ -177,7 +175,7 @@ AttentionBackwardCall prepare_attention_backward(const at::Tensor& dout, const a
                                                  double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                                  const std::optional<at::Tensor>& cu_seqlens_k,
                                                  std::optional<int64_t> max_seqlen_q,
-                                                 std::optional<int64_t> max_seqlen_k, int64_t attention_chunk) {
+                                                 std::optional<int64_t> max_seqlen_k, const PatternOptions& patterns) {
   AttentionBackwardCall call;
   call.op = "attn_ops.attention_backward";
   set_operands(call, q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
@@ -186,7 +184,7 @@ AttentionBackwardCall prepare_attention_backward(const at::Tensor& dout, const a
   call.out = out;
   call.lse = lse;
   call.dlse = dlse;
-  call.attention_chunk = attention_chunk;
+  call.patterns = patterns;
   check_attention_inputs(call);
   check_attention_backward_inputs(call);
   return call;

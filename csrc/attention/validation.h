@@ -21,8 +21,7 @@ AttentionCall prepare_attention(const at::Tensor& q, const at::Tensor& k, const 
                                 std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
                                 double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                 const std::optional<at::Tensor>& cu_seqlens_k, std::optional<int64_t> max_seqlen_q,
-                                std::optional<int64_t> max_seqlen_k, const std::optional<at::Tensor>& sinks,
-                                int64_t attention_chunk);
+                                std::optional<int64_t> max_seqlen_k, const PatternOptions& patterns);
 
 // attention_backward: the forward's checks, plus dout and out (out's shape, q's dtype), lse and dlse (lse's
 // shape and dtype).
@@ -33,7 +32,7 @@ AttentionBackwardCall prepare_attention_backward(const at::Tensor& dout, const a
                                                  double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                                  const std::optional<at::Tensor>& cu_seqlens_k,
                                                  std::optional<int64_t> max_seqlen_q,
-                                                 std::optional<int64_t> max_seqlen_k, int64_t attention_chunk);
+                                                 std::optional<int64_t> max_seqlen_k, const PatternOptions& patterns);
 
 // attention_with_kvcache: q [B, Tq, Hq, D] (or packed [total_q, Hq, D] with cu_seqlens_q) over a contiguous
 // cache [B, capacity, Hkv, D] or, with block_table [B, max_blocks_per_seq], a paged one
@@ -43,8 +42,7 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
                                              const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                              const std::optional<at::Tensor>& block_table, std::optional<double> scale,
                                              bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                             const KvCacheRows& rows, const std::optional<at::Tensor>& sinks,
-                                             int64_t attention_chunk);
+                                             const KvCacheRows& rows, const PatternOptions& patterns);
 
 // Empty (dq, dk, dv) shaped as (q, k, v) (Meta tensors too).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_attention_grads(const at::Tensor& q, const at::Tensor& k,

@@ -48,12 +48,7 @@ struct AttentionCall {
   bool causal = false;
   int64_t window_left = -1, window_right = -1;  // -1: unbounded
   double softcap = 0.0;
-  // Attention sinks: one logit per query head [heads_q] (float32 or q's dtype), in the units of the scaled
-  // scores, added to every row's softmax denominator (exp(sinks[h])) and to nothing else.
-  std::optional<at::Tensor> sinks;
-  // Chunked-local attention (C > 0): the query at position p sees only keys in its chunk
-  // [floor(p / C) * C, floor(p / C) * C + C), positions bottom-right aligned (cache positions over a cache).
-  int64_t attention_chunk = 0;
+  PatternOptions patterns;  // sinks, ALiBi, chunks
 
   // Sizes (SymInts, so the Meta kernels size outputs under dynamic shapes). batch: sequences; seqlen_q:
   // queries per sequence (dense) or total_q (packed); seqlen_k: keys per sequence (dense), total_k (varlen),

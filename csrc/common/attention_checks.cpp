@@ -2,6 +2,7 @@
 #include "common/attention_checks.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <limits>
@@ -50,20 +51,35 @@ void check_score_options(const char* op, c10::ScalarType dtype, std::optional<do
               largest, " (representable in ", acc, "), got ", scale.value_or(0.0));
 }
 
-void check_pattern_options(const char* op, const at::Tensor& q, const c10::SymInt& heads_q,
-                           const std::optional<at::Tensor>& sinks, int64_t attention_chunk) {
-  TORCH_CHECK(attention_chunk >= 0, op, ": attention_chunk must be >= 0 (0 disables chunking), got ",
-              attention_chunk);
-  if (!sinks.has_value()) {
-    return;
+void check_pattern_options(const char* op, const at::Tensor& q, const c10::SymInt& batch,
+                           const c10::SymInt& heads_q, const PatternOptions& patterns) {
+  TORCH_CHECK(patterns.attention_chunk >= 0, op, ": attention_chunk must be >= 0 (0 disables chunking), got ",
+              patterns.attention_chunk);
+  if (patterns.sinks.has_value()) {
+    const at::Tensor& s = *patterns.sinks;
+    TORCH_CHECK(s.dim() == 1 && s.sym_size(0) == heads_q, op, ": sinks must have shape [", heads_q,
+                "] (one logit per query head), got ", shape_str(s));
+    TORCH_CHECK(s.scalar_type() == at::kFloat || s.scalar_type() == q.scalar_type(), op,
+                ": sinks must be float32 or q's dtype (", dtype_name(q.scalar_type()), "), got ",
+                dtype_name(s.scalar_type()));
+    check_same_device(op, "sinks", s, "q", q);
   }
-  const at::Tensor& s = *sinks;
-  TORCH_CHECK(s.dim() == 1 && s.sym_size(0) == heads_q, op, ": sinks must have shape [", heads_q,
-              "] (one logit per query head), got ", shape_str(s));
-  TORCH_CHECK(s.scalar_type() == at::kFloat || s.scalar_type() == q.scalar_type(), op,
-              ": sinks must be float32 or q's dtype (", dtype_name(q.scalar_type()), "), got ",
-              dtype_name(s.scalar_type()));
-  check_same_device(op, "sinks", s, "q", q);
+  if (patterns.alibi_slopes.has_value()) {
+    const at::Tensor& a = *patterns.alibi_slopes;
+    const bool per_head = a.dim() == 1 && a.sym_size(0) == heads_q;
+    const bool per_sequence = a.dim() == 2 && a.sym_size(0) == batch && a.sym_size(1) == heads_q;
+    TORCH_CHECK(per_head || per_sequence, op, ": alibi_slopes must have shape [", heads_q, "] or [", batch, ", ",
+                heads_q, "] (one slope per query head, or per sequence and query head), got ", shape_str(a));
+    TORCH_CHECK(a.scalar_type() == at::kFloat, op, ": alibi_slopes must be float32, got ",
+                dtype_name(a.scalar_type()));
+    check_same_device(op, "alibi_slopes", a, "q", q);
+    check_alibi_not_differentiable(op, patterns.alibi_slopes);
+  }
+}
+
+void check_alibi_not_differentiable(const char* op, const std::optional<at::Tensor>& alibi_slopes) {
+  TORCH_CHECK(!(alibi_slopes.has_value() && alibi_slopes->requires_grad() && at::GradMode::is_enabled()), op,
+              ": alibi_slopes is not differentiable but requires grad; pass alibi_slopes.detach()");
 }
 
 c10::ScalarType attention_lse_dtype(c10::ScalarType input_dtype) {

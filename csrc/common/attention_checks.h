@@ -33,10 +33,27 @@ void check_head_counts(const char* op, const c10::SymInt& heads_q, const c10::Sy
 void check_score_options(const char* op, c10::ScalarType dtype, std::optional<double> scale, int64_t window_left,
                          int64_t window_right, double softcap);
 
-// The pattern options of the softmax attention ops: sinks (None, or [heads_q] float32 / q's dtype on q's device)
-// and attention_chunk (>= 0).
-void check_pattern_options(const char* op, const at::Tensor& q, const c10::SymInt& heads_q,
-                           const std::optional<at::Tensor>& sinks, int64_t attention_chunk);
+// The pattern options of the softmax attention ops (docs/attention_api.md), as given.
+struct PatternOptions {
+  // Attention sinks: one logit per query head [heads_q] (float32 or q's dtype), in the units of the scaled
+  // scores, added to every row's softmax denominator (exp(sinks[h])) and to nothing else.
+  std::optional<at::Tensor> sinks;
+  // ALiBi: float32 slopes [heads_q] or [batch, heads_q]; the score of query position p and key position j
+  // gains -slope * |p - j| after soft-capping (positions bottom-right aligned, cache positions over a cache).
+  std::optional<at::Tensor> alibi_slopes;
+  // Chunked-local attention (C > 0): the query at position p sees only keys in its chunk
+  // [floor(p / C) * C, floor(p / C) * C + C), positions as ALiBi's.
+  int64_t attention_chunk = 0;
+};
+
+// The pattern options: sinks None or [heads_q] float32 / q's dtype on q's device; alibi_slopes None or float32
+// [heads_q] / [batch, heads_q] on q's device, not requiring grad while grad mode is on; attention_chunk >= 0.
+void check_pattern_options(const char* op, const at::Tensor& q, const c10::SymInt& batch,
+                           const c10::SymInt& heads_q, const PatternOptions& patterns);
+
+// Slopes that require grad, while grad mode is on, are refused. An autograd kernel checks before its Function
+// runs the op (with grad mode off).
+void check_alibi_not_differentiable(const char* op, const std::optional<at::Tensor>& alibi_slopes);
 
 // The softmax scale: `scale` when given, else 1 / sqrt(head_dim). It guards the head dim to an integer, so only
 // kernels that run call it (Meta kernels never need the scale).

@@ -67,10 +67,15 @@ AttentionProblem make_problem(const AttentionCall& call) {
   } else {
     p.len_k.assign(p.batch, call.seqlen_k.expect_int());
   }
-  p.set_windows(call.window_left, call.effective_window_right(), call.attention_chunk);
-  if (call.sinks.has_value()) {
-    const at::Tensor sinks = call.sinks->to(at::kDouble).contiguous();
+  p.set_windows(call.window_left, call.effective_window_right(), call.patterns.attention_chunk);
+  if (call.patterns.sinks.has_value()) {
+    const at::Tensor sinks = call.patterns.sinks->to(at::kDouble).contiguous();
     p.sinks.assign(sinks.const_data_ptr<double>(), sinks.const_data_ptr<double>() + p.heads_q);
+  }
+  if (call.patterns.alibi_slopes.has_value()) {  // [heads_q] or [batch, heads_q]
+    const at::Tensor slopes =
+        call.patterns.alibi_slopes->expand({p.batch, p.heads_q}).contiguous();
+    p.alibi.assign(slopes.const_data_ptr<float>(), slopes.const_data_ptr<float>() + p.batch * p.heads_q);
   }
   return p;
 }

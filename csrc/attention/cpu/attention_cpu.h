@@ -2,6 +2,7 @@
 // the forward and backward kernels address any BSHD or varlen layout (any strides but the last dim).
 #pragma once
 
+#include "attention/cpu/alibi_row.h"
 #include "common/attention_call.h"
 
 #include <ATen/core/Tensor.h>
@@ -54,6 +55,7 @@ struct AttentionProblem {
   int64_t window_left = -1, window_right = -1;  // -1: unbounded; causal already folded into window_right
   int64_t chunk = 0;                            // attention_chunk (0: none), at most the longest sequence + 1
   std::vector<double> sinks;                    // [heads_q] sink logits, or empty
+  std::vector<float> alibi;                     // [batch, heads_q] ALiBi slopes, or empty
   std::vector<int64_t> len_q, len_k;            // [batch]
   std::vector<int64_t> token_q;                 // [batch]: index of the sequence's first query token
   int64_t total_q = 0;                          // query tokens over all sequences
@@ -105,6 +107,13 @@ struct AttentionProblem {
     const int64_t shift = len_k[b] - len_q[b];
     const int64_t last = window_left < 0 ? len_q[b] - 1 : std::min<int64_t>(len_q[b] - 1, k_last - shift + window_left);
     return chunk > 0 ? std::min(last, chunk_start(k_last) + chunk - 1 - shift) : last;
+  }
+  // The ALiBi of query i of sequence b, head h over the tile of keys from k0 on.
+  AlibiRow alibi_row(int64_t b, int64_t h, int64_t i, int64_t k0) const {
+    if (alibi.empty()) {
+      return {};
+    }
+    return {alibi[b * heads_q + h], i + len_k[b] - len_q[b] - k0};
   }
   // Floating-point operations of the forward without masks (an upper bound, for thread decisions).
   double forward_flops() const {

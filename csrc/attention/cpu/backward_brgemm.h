@@ -276,7 +276,7 @@ class BrgemmBackward {
           const int64_t pos = i0 + rr / G;
           row_gradients(s.scores.data() + rr * KB, s.probs.data() + rr * KB, s.dscores.data() + rr * KB, n, width,
                         std::max<int64_t>(p_.key_lo(b, pos) - k0, 0), std::min(p_.key_hi(b, pos) - k0, n - 1),
-                        s.lse[r0 + rr], s.delta[r0 + rr], scale, softcap);
+                        s.lse[r0 + rr], s.delta[r0 + rr], scale, softcap, p_.alibi_row(b, g * G + rr % G, pos, k0));
           if (native_bf16_) {
             round_row<true>(s.dscores.data() + rr * KB, scale, width, s.ds.data() + rr * KB);
           } else {
@@ -385,9 +385,9 @@ class BrgemmBackward {
 
   // One query row: raw scores s (before the scale) and dp = dO V^T over `width` keys in; keys [lo, hi]
   // visible (lo > hi: none), the first n real. Leaves the probabilities in prob and the logit gradients
-  // in dp (zero past n), as the float32 path computes them.
+  // in dp (zero past n), as the float32 path computes them (ALiBi in the probabilities only).
   static void row_gradients(float* s, float* prob, float* dp, int64_t n, int64_t width, int64_t lo, int64_t hi,
-                            float lse, float delta, float scale, float softcap) {
+                            float lse, float delta, float scale, float softcap, const AlibiRow& alibi) {
     fill_row(prob, width, 0.f);
     if (lo <= hi && lse != -std::numeric_limits<float>::infinity()) {
       scale_row(s + lo, hi - lo + 1, scale);
@@ -395,6 +395,9 @@ class BrgemmBackward {
         softcap_row(s + lo, hi - lo + 1, softcap);
       }
       std::copy(s + lo, s + hi + 1, prob + lo);
+      if (alibi.slope != 0) {
+        add_alibi_row(prob + lo, hi - lo + 1, alibi.from(lo));
+      }
       exp_shift_sum(prob + lo, hi - lo + 1, lse);
     }
     logit_grad_row(prob, s, dp, n, delta, softcap);

@@ -183,7 +183,13 @@ void backward_tiles(const AttentionProblem& p, const scalar_t* dout, const SeqLa
                 if (softcap > 0) {
                   softcap_row(srow + lo, hi - lo + 1, softcap);
                 }
+                // ALiBi joins the probabilities only: srow keeps the capped logit logit_grad_row needs (the
+                // bias does not depend on it).
                 std::copy(srow + lo, srow + hi + 1, prow + lo);
+                const AlibiRow alibi = p.alibi_row(b, h, pos, k0);
+                if (alibi.slope != 0) {
+                  add_alibi_row(prow + lo, hi - lo + 1, alibi.from(lo));
+                }
                 exp_shift_sum(prow + lo, hi - lo + 1, s.lse[r]);
               }
               // dV[n, Dv] += P^T dO ; dP[rows, n] = dO V^T

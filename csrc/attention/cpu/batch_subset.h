@@ -22,7 +22,11 @@ struct BatchSubset {
     problem.len_k.clear();
     problem.token_q.clear();
     problem.total_q = 0;
+    problem.alibi.clear();
     for (const int64_t b : seqs) {
+      if (!p.alibi.empty()) {  // sequence b's slopes [heads_q]
+        problem.alibi.insert(problem.alibi.end(), p.alibi.begin() + b * p.heads_q, p.alibi.begin() + (b + 1) * p.heads_q);
+      }
       problem.len_q.push_back(p.len_q[b]);
       problem.len_k.push_back(p.len_k[b]);
       problem.token_q.push_back(problem.total_q);

@@ -34,18 +34,19 @@ std::pair<DecodeRowsFn<scalar_t, acc_t>, DecodeRowsFn<scalar_t, acc_t>> decode_r
 template <typename scalar_t, typename acc_t>
 struct DecodeScratch {
   std::vector<acc_t> q, scores, key_tile, value_tile, q_t, row_max, row_sum, out, lse;
-  std::vector<int64_t> key_lo, key_hi;
+  std::vector<int64_t> key_lo, key_hi, position;
+  std::vector<double> alibi;  // [heads, rows] when the call has ALiBi
   std::vector<const scalar_t*> key_rows, value_rows;
   std::vector<scalar_t> lowp;
   std::vector<acc_t> stream;  // DecodeRows::stream_scratch (bfloat16 only)
   // gemm_tile: decode_rows_gemm's keys per tile, 0 where it does not run (it needs the converted tiles, Q^T
   // or scores^T, and for low-precision caches the AMX operands: decode_amx_kernel.h).
-  DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile)
+  DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile, bool alibi_slopes)
       : q(heads * rows * dqk), scores(std::max(heads * rows * kDecodeChunk, rows * gemm_tile)),
         key_tile(gemm_tile * dqk), value_tile(gemm_tile * dv),
         q_t(gemm_tile > 0 ? std::max(heads * dqk, gemm_tile + heads * dv) * gemm_rows_padded(rows) : 0),
         row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv), lse(heads * rows), key_lo(rows),
-        key_hi(rows), key_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
+        key_hi(rows), position(rows), alibi(alibi_slopes ? heads * rows : 0), key_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         value_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         lowp(gemm_tile > 0 && !std::is_same_v<scalar_t, acc_t>
                  ? heads * dqk * gemm_rows_padded(rows) + gemm_tile * (dqk + dv + gemm_rows_padded(rows))
@@ -136,7 +137,8 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
 
   parallel_items(
       items * splits, flops, [&] {
-        return DecodeScratch<scalar_t, acc_t>(heads_per_item, max_rows, Dqk, Dv, max_rows >= kGemmDecodeRows ? kGemmDecodeTile : 0);
+        return DecodeScratch<scalar_t, acc_t>(heads_per_item, max_rows, Dqk, Dv,
+                                              max_rows >= kGemmDecodeRows ? kGemmDecodeTile : 0, !p.alibi.empty());
       },
       [&](int64_t item, DecodeScratch<scalar_t, acc_t>& s) {
         const int64_t split = item % splits, b = item / splits / head_groups;
@@ -157,6 +159,10 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
           }
           s.key_lo[r] = p.key_lo(b, pos);
           s.key_hi[r] = p.key_hi(b, pos);
+          s.position[r] = pos + p.len_k[b] - p.len_q[b];
+          for (int64_t g = 0; g < Hkv && !p.alibi.empty(); ++g) {
+            s.alibi[g * rows + r] = p.alibi[b * Hq + (h0 + g) * G + r % G];
+          }
         }
         DecodeRows<scalar_t, acc_t> a;
         a.heads = Hkv;
@@ -167,6 +173,8 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.scale = scale;
         a.key_lo = s.key_lo.data();
         a.key_hi = s.key_hi.data();
+        a.alibi = s.alibi.empty() ? nullptr : s.alibi.data();
+        a.position = s.position.data();
         a.locate = &locate_rows<scalar_t, acc_t>;
         a.layouts = &cache;
         a.batch = b;

@@ -49,6 +49,12 @@ struct DecodeRows {
   const void* layouts = nullptr;      // what locate reads (the caches and their KeyLayouts)
   int64_t batch = 0, kv_head = 0, k_begin = 0, k_end = 0;
   acc_t softcap = 0;
+  const double* alibi = nullptr;      // [heads, rows]: each row's ALiBi slope, or null
+  const int64_t* position = nullptr;  // [rows]: each row's query position (the key position it sits at)
+  // The ALiBi of row r of head `head` over the tile of keys from k0 on.
+  AlibiRow alibi_row(int64_t head, int64_t r, int64_t k0) const {
+    return alibi == nullptr ? AlibiRow{} : AlibiRow{alibi[head * rows + r], position[r] - k0};
+  }
   // Scratch.
   int64_t tile = kDecodeChunk;            // keys per tile
   acc_t* scores = nullptr;                // [heads, rows, tile] (decode_rows_gemm: [rows, tile])

@@ -298,8 +298,9 @@ void decode_tiles(const DecodeRows<scalar_t, acc_t>& a, const Scores& scores, co
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
         const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
-        online_softmax_step(a.scores + r * a.tile, n, lo, hi, a.softcap, a.row_max[head * rows + r],
-                            a.row_sum[head * rows + r], a.out + (head * rows + r) * Dv, Dv);
+        online_softmax_step(a.scores + r * a.tile, n, lo, hi, a.softcap, a.alibi_row(head, r, k0),
+                            a.row_max[head * rows + r], a.row_sum[head * rows + r], a.out + (head * rows + r) * Dv,
+                            Dv);
       }
       values(head, n);
     }
@@ -436,8 +437,8 @@ void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, ac
     for (int64_t hr = 0; hr < all_rows; ++hr) {
       const int64_t r = hr % rows;
       const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0), hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
-      online_softmax_step(a.scores + hr * tile, n, lo, hi, a.softcap, a.row_max[hr], a.row_sum[hr],
-                          acc + hr * ld_acc, ld_acc);
+      online_softmax_step(a.scores + hr * tile, n, lo, hi, a.softcap, a.alibi_row(hr / rows, r, k0), a.row_max[hr],
+                          a.row_sum[hr], acc + hr * ld_acc, ld_acc);
     }
     if (staged) {
       touch_rows(values, n, Dv);

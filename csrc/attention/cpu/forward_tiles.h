@@ -241,22 +241,23 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
             const int64_t hi = std::min<int64_t>(p.key_hi(b, pos) - k0, n - 1);
             acc_t* srow = scores + r * kKeyTile;
             acc_t* acc_row = s.acc.data() + r * Dv;
+            const AlibiRow alibi = p.alibi_row(b, g * G + r % G, pos, k0);
             if constexpr (!std::is_same_v<scalar_t, acc_t>) {
               if (lowp) {
                 scalar_t* prow = s.p_lowp.data() + r * kKeyTile;
-                if (softcap == 0 && scale > 0) {
+                if (softcap == 0 && scale > 0 && alibi.slope == 0) {
                   online_softmax_step_lowp(srow, prow, keys, lo, hi, scale, s.row_max[r], s.row_sum[r], acc_row, Dv,
                                            native_bf16);
                 } else {
                   scale_row(srow, n, scale);
-                  online_softmax_step(srow, n, lo, hi, softcap, s.row_max[r], s.row_sum[r], acc_row, Dv);
+                  online_softmax_step(srow, n, lo, hi, softcap, alibi, s.row_max[r], s.row_sum[r], acc_row, Dv);
                   convert_row(srow, prow, n);
                   std::fill(prow + n, prow + keys, scalar_t(0));
                 }
                 continue;
               }
             }
-            online_softmax_step(srow, n, lo, hi, softcap, s.row_max[r], s.row_sum[r], acc_row, Dv);
+            online_softmax_step(srow, n, lo, hi, softcap, alibi, s.row_max[r], s.row_sum[r], acc_row, Dv);
           }
           if constexpr (!std::is_same_v<scalar_t, acc_t>) {
             if (brgemm) {  // acc[rows, Dv] += P V per packed dim block

@@ -3,6 +3,7 @@
 // lives in an inline namespace named after it, as at::vec does, so each ISA's copy is a distinct symbol.
 #pragma once
 
+#include "attention/cpu/alibi_row.h"
 #include "attention/cpu/fast_exp.h"
 #include "common/acc_type.h"
 
@@ -155,6 +156,23 @@ inline void softcap_row(T* x, int64_t n, T cap) {
   }
 }
 
+// ALiBi over n scores: x[j] -= slope * |distance - j| (AlibiRow).
+template <typename T>
+inline void add_alibi_row(T* x, int64_t n, const AlibiRow& alibi) {
+  constexpr int64_t W = Vec<T>::size();
+  const T slope = static_cast<T>(alibi.slope);
+  const Vec<T> vslope(slope), vstep(static_cast<T>(W));
+  Vec<T> offset = Vec<T>::arange(static_cast<T>(-alibi.distance), T(1));  // j - distance, exact below 2^24 keys
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    (Vec<T>::loadu(x + i) - offset.abs() * vslope).store(x + i);
+    offset = offset + vstep;
+  }
+  for (; i < n; ++i) {
+    x[i] -= slope * std::abs(static_cast<T>(i - alibi.distance));
+  }
+}
+
 inline void fill_row(float* x, int64_t n, float value) { std::fill(x, x + n, value); }
 inline void fill_row(double* x, int64_t n, double value) { std::fill(x, x + n, value); }
 
@@ -244,11 +262,12 @@ inline void move_running_max(T new_max, T& run_max, T& run_sum, T* acc, int64_t 
 }
 
 // One row's online-softmax step over a tile of n scores of which [lo, hi] are visible (lo > hi: none):
-// the scores become exp(score - running max) (0 where not visible); when the running max moves, the
-// running sum and the row's output accumulator acc[dv] are rescaled to it. NaN spreads to the whole row.
+// the scores, soft-capped and then given the row's ALiBi, become exp(score - running max) (0 where not
+// visible); when the running max moves, the running sum and the row's output accumulator acc[dv] are
+// rescaled to it. NaN spreads to the whole row.
 template <typename T>
-inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T softcap, T& run_max, T& run_sum,
-                                T* acc, int64_t dv) {
+inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T softcap, const AlibiRow& alibi,
+                                T& run_max, T& run_sum, T* acc, int64_t dv) {
   if (lo > hi) {  // no visible key in this tile: the row adds nothing
     fill_row(srow, n, T(0));
     return;
@@ -257,6 +276,9 @@ inline void online_softmax_step(T* srow, int64_t n, int64_t lo, int64_t hi, T so
   const int64_t count = hi - lo + 1;
   if (softcap > 0) {
     softcap_row(visible, count, softcap);
+  }
+  if (alibi.slope != 0) {
+    add_alibi_row(visible, count, alibi.from(lo));
   }
   T tile_max, new_max, tile_sum;
   // The running max is always the row's max so far: a stale one (kept to spare rescaling acc) leaves the

@@ -41,7 +41,7 @@ LseLayout lse_layout(const at::Tensor& lse, bool varlen) {
 // chunk of length longest + 1, which keeps the kernels' index arithmetic far from overflow.
 Window make_window(const AttentionCall& call, int64_t longest) {
   const int64_t left = call.window_left, right = call.effective_window_right();
-  return Window{left > longest ? -1 : left, right > longest ? -1 : right, std::min(call.attention_chunk, longest + 1)};
+  return Window{left > longest ? -1 : left, right > longest ? -1 : right, std::min(call.patterns.attention_chunk, longest + 1)};
 }
 
 // Checks the values of cu_seqlens_q / cu_seqlens_k on the device (against max_seqlen_* when given) and
@@ -118,6 +118,15 @@ ForwardArgs<T> forward_tensors(const at::Tensor& q, const at::Tensor& k, const a
   return a;
 }
 
+// The ALiBi slopes of a call ([heads_q] or [batch, heads_q] float32, read in place), or none.
+Alibi make_alibi(const AttentionCall& call) {
+  if (!call.patterns.alibi_slopes.has_value()) {
+    return {};
+  }
+  const at::Tensor& slopes = *call.patterns.alibi_slopes;
+  return Alibi{slopes.const_data_ptr<float>(), slopes.dim() == 2 ? slopes.stride(0) : 0, slopes.stride(-1)};
+}
+
 // The fields ForwardArgs and BackwardArgs share for attention / attention_backward: sequences (cu_q, cu_k:
 // contiguous cu_seqlens, undefined when dense), window, logit, sizes.
 template <typename Args>
@@ -128,6 +137,7 @@ void set_problem(Args& a, const AttentionCall& call, const at::Tensor& cu_q, con
                    cu_k.defined() ? cu_k.const_data_ptr<int32_t>() : nullptr, nullptr, total_q, total_k};
   a.window = make_window(call, std::max(total_q, total_k));
   a.logit = Logit<A>{static_cast<A>(call.scale()), static_cast<A>(call.softcap)};
+  a.alibi = make_alibi(call);
   a.batch = call.batch.expect_int();
   a.heads_q = call.heads_q.expect_int();
   a.group = a.heads_q / call.heads_kv.expect_int();
@@ -310,6 +320,7 @@ void cache_forward(const AttentionCall& call, const at::Tensor& out, const at::T
                      capacity, first_key.defined() ? first_key.const_data_ptr<int32_t>() : nullptr};
     a.window = make_window(call, capacity + max_len_q);
     a.logit = Logit<A>{static_cast<A>(call.scale()), static_cast<A>(call.softcap)};
+    a.alibi = make_alibi(call);
     a.batch = batch;
     a.heads_q = call.heads_q.expect_int();
     a.group = a.heads_q / call.heads_kv.expect_int();
@@ -325,7 +336,7 @@ void cache_forward(const AttentionCall& call, const at::Tensor& out, const at::T
 // out scales by exp(lse - lse') with lse' = logaddexp(lse, sinks[h]); a row with no key keeps out 0, lse' =
 // sinks[h]. out [.., Hq, Dv] (any leading dims), lse [B, Hq, Tq] or packed [Hq, total_q].
 void add_sinks(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
-  const at::Tensor logit = call.sinks->to(lse.scalar_type());
+  const at::Tensor logit = call.patterns.sinks->to(lse.scalar_type());
   const at::Tensor sink = call.packed_q() ? logit.unsqueeze(1) : logit.view({1, -1, 1});
   const at::Tensor merged = at::logaddexp(lse, sink);
   const at::Tensor factor = at::where(at::isneginf(lse), at::zeros_like(lse), at::exp(lse - merged));
@@ -345,7 +356,7 @@ void attention_forward(const AttentionCall& call, const at::Tensor& out, const a
   } else {
     sequences_forward(call, out, lse);
   }
-  if (call.sinks.has_value()) {
+  if (call.patterns.sinks.has_value()) {
     add_sinks(call, out, lse);
   }
 }

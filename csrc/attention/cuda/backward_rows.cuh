@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dq_kernel(const
   const Seq& s = r.s;
   const int64_t kv_head = h / a.group, at = a.lse_layout.at(b, s.q0, i, h);
   const A lse = a.lse[at], delta = a.delta[at];
+  const A slope = a.alibi.slope(b, h);
   A q[N], dout[N], dq[N];
   load_row<T, N>(q, a.q + a.q_layout.at(b, s.q0, i, h), a.dim_qk);
   load_row<T, N>(dout, a.dout + a.dout_layout.at(b, s.q0, i, h), a.dim_v);
@@ -100,7 +101,8 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dq_kernel(const
   for (int64_t j = lo; j <= hi; ++j) {
     const T* k = a.k + a.k_layout.at(b, s.k0, j, kv_head);
     const A x = a.logit(row_dot<T, N>(q, k, a.dim_qk));
-    const A p = exp(x - lse);
+    // ALiBi joins p only: the bias does not depend on the logit
+    const A p = exp(x + (slope != A(0) ? Alibi::bias(slope, s, i, j) : A(0)) - lse);
     const A dp = row_dot<T, N>(dout, a.v + a.v_layout.at(b, s.k0, j, kv_head), a.dim_v);
     const A dx = p * (dp - delta) * a.logit.derivative(x);
 #pragma unroll
@@ -135,12 +137,13 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) backward_dkv_kernel(cons
   int64_t first, last;
   a.window.queries_of(s, j, &first, &last);
   for (int64_t h = kv_head * a.group; h < (kv_head + 1) * a.group; ++h) {
+    const A slope = a.alibi.slope(b, h);
     for (int64_t i = first; i <= last; ++i) {
       const int64_t at = a.lse_layout.at(b, s.q0, i, h);
       const T* q = a.q + a.q_layout.at(b, s.q0, i, h);
       const T* dout = a.dout + a.dout_layout.at(b, s.q0, i, h);
       const A x = a.logit(row_dot<T, N>(k, q, a.dim_qk));
-      const A p = exp(x - a.lse[at]);
+      const A p = exp(x + (slope != A(0) ? Alibi::bias(slope, s, i, j) : A(0)) - a.lse[at]);
       const A dx = p * (row_dot<T, N>(v, dout, a.dim_v) - a.delta[at]) * a.logit.derivative(x);
 #pragma unroll
       for (int e = 0; e < N; ++e) {

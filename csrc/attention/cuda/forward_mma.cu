@@ -330,6 +330,22 @@ __device__ __forceinline__ void forward_mma_block(const ForwardArgs<T>& a, const
         }
       }
     }
+    if (a.alibi.slopes != nullptr) {  // -slope * |p - j| in log2 units, slopes read per tile (no registers held)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = r0 + warp_row0 + 16 * (r / 2) + g + 8 * (r % 2);
+        const float m_log2 = a.alibi.slope(b, kv_head * a.group + row % a.group) * kLog2e;
+        // the row's key position, relative to first_key as the tile's columns
+        const float p_rel = static_cast<float>(row / a.group + s.len_k - s.len_q - first_key);
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            sc[r / 2][n][2 * (r % 2) + e] -= m_log2 * fabsf(p_rel - static_cast<float>(j0 + 8 * n + c + e));
+          }
+        }
+      }
+    }
     // Per-element mask unless every key of the tile has K and V rows and is inside every row's window.
     // Bit k of `readable` / `keep`: tile column k (masks, not per-element compares, keep the register
     // count down: the compiler would compute every compare ahead of the MMAs).

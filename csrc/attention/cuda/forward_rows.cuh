@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) forward_rows_kernel(cons
     hi = min(hi, (split + 1) * chunk - 1);
   }
   const int64_t kv_head = h / a.group;
+  const A slope = a.alibi.slope(b, h);
   const T* q = a.q + a.q_layout.at(b, s.q0, i, h);
   A qv[N], o[N];
 #pragma unroll
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarpSize) forward_rows_kernel(cons
         dot += qv[e] * to_acc(k[d]);
       }
     }
-    const A x = a.logit(warp_sum(dot));
+    const A x = a.logit(warp_sum(dot)) + (slope != A(0) ? Alibi::bias(slope, s, i, j) : A(0));
     const A m_new = nan_max(m, x);
     // -inf scores so far weigh 0, as masked keys (exp(-inf - -inf) would be NaN)
     const A correction = m_new == neg_inf<A>() ? A(1) : exp(m - m_new);

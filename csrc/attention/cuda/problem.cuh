@@ -161,6 +161,23 @@ struct Logit {
   }
 };
 
+// ALiBi: the logit of query position p and key position j gains -slope * |p - j| (after the cap). Slopes
+// float32 [heads_q] (batch_stride 0) or [batch, heads_q]; null: none.
+struct Alibi {
+  const float* slopes = nullptr;
+  int64_t batch_stride = 0, head_stride = 0;
+
+  __device__ __forceinline__ float slope(int64_t b, int64_t h) const {
+    return slopes == nullptr ? 0.f : slopes[b * batch_stride + h * head_stride];
+  }
+  // The bias of query i of sequence s (at key position i + len_k - len_q) and key j.
+  template <typename A>
+  __device__ __forceinline__ static A bias(A slope, const Seq& s, int64_t i, int64_t j) {
+    const int64_t d = i + s.len_k - s.len_q - j;
+    return -slope * static_cast<A>(d < 0 ? -d : d);
+  }
+};
+
 // Everything a forward kernel reads and writes. Rows are (query position, query head); query head h reads
 // key/value head h / group.
 template <typename T>
@@ -177,6 +194,7 @@ struct ForwardArgs {
   SeqInfo seqs;
   Window window;
   Logit<A> logit;
+  Alibi alibi;
   int64_t batch, heads_q, group, dim_qk, dim_v;
   int64_t max_len_q;  // grid bound on query positions per sequence (rows past a sequence's length exit)
   // Split-KV: the visible keys of every row are cut at multiples of keys_per_split(len_k), decided on the
@@ -222,6 +240,7 @@ struct BackwardArgs {
   SeqInfo seqs;
   Window window;
   Logit<A> logit;
+  Alibi alibi;  // the row kernels only (backward_uses_mma)
   int64_t batch, heads_q, heads_kv, group, dim_qk, dim_v;
   int64_t max_len_q, max_len_k;  // grid bounds
   // Tensor-core backward only (backward_mma.cu), else null: fp32 dQ summed over key tiles by atomics, then
