@@ -25,7 +25,8 @@ struct BatchSubset {
     problem.alibi.clear();
     for (const int64_t b : seqs) {
       if (!p.alibi.empty()) {  // sequence b's slopes [heads_q]
-        problem.alibi.insert(problem.alibi.end(), p.alibi.begin() + b * p.heads_q, p.alibi.begin() + (b + 1) * p.heads_q);
+        const auto first = p.alibi.begin() + b * p.heads_q;
+        problem.alibi.insert(problem.alibi.end(), first, first + p.heads_q);
       }
       problem.len_q.push_back(p.len_q[b]);
       problem.len_k.push_back(p.len_k[b]);
