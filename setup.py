@@ -68,6 +68,20 @@ def cuda_library_includes():
             if os.path.exists(os.path.join(d, "cusparse.h"))][:1]
 
 
+def cudnn_backend_includes():
+    """The include dirs of the cuDNN attention backend (csrc/attention/cuda/cudnn_*), or [] without them (the build
+    then routes every call to attn_ops' own kernels): cudnn-frontend's headers ($ATTN_OPS_CUDNN_FRONTEND_INCLUDE,
+    else the nvidia-cudnn-frontend package's site-packages/include, installed with --no-deps) and cuDNN's
+    (nvidia-cudnn-cu13, which torch's CUDA wheels require)."""
+    sites = [p for p in sys.path if os.path.isdir(p)]
+    frontend = [os.environ["ATTN_OPS_CUDNN_FRONTEND_INCLUDE"]] if os.environ.get("ATTN_OPS_CUDNN_FRONTEND_INCLUDE") \
+        else [os.path.join(site, "include") for site in sites]
+    frontend = [d for d in frontend if os.path.exists(os.path.join(d, "cudnn_frontend.h"))][:1]
+    cudnn = [d for d in (os.path.join(site, "nvidia", "cudnn", "include") for site in sites)
+             if os.path.exists(os.path.join(d, "cudnn.h"))][:1]
+    return frontend + cudnn if frontend and cudnn else []
+
+
 def sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
 
@@ -95,9 +109,20 @@ def make_extension():
         # No GPU to detect on a build machine: default to the reference target (H100) unless told otherwise.
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", ";".join(BUILD_CONFIG["cuda_architectures"]))
         common["include_dirs"] += cuda_library_includes()
+        macros = [("ATTN_OPS_WITH_CUDA", "1")]
+        cudnn_includes = cudnn_backend_includes()
+        if cudnn_includes:
+            common["include_dirs"] += cudnn_includes
+            # cuDNN loaded at run time (the libcudnn torch loaded), the frontend's JSON support left out
+            macros += [("ATTN_OPS_WITH_CUDNN", "1"), ("NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING", "1"),
+                       ("CUDNN_FRONTEND_SKIP_JSON_LIB", "1")]
+            common["extra_link_args"] = common["extra_link_args"] + ["-ldl"]
+        else:
+            print("attn_ops: no cudnn-frontend headers (pip install --no-deps nvidia-cudnn-frontend==1.32.0): "
+                  "building without the cuDNN attention backend")
         return CUDAExtension(
             sources=cpp_sources + cuda_sources,
-            define_macros=[("ATTN_OPS_WITH_CUDA", "1")],
+            define_macros=macros,
             extra_compile_args={
                 "cxx": cxx_flags,
                 "nvcc": [STD_FLAG] + BUILD_CONFIG["nvcc_flags"],

@@ -88,4 +88,14 @@ TORCH_LIBRARY(attn_ops, m) {
   // Test hook of CUDA builds: the launch parameters the last call of a CUDA kernel recorded (kernel
   // attention/cuda/launch_record.cu; a CPU-only build has none, and calling it raises).
   m.def("_cuda_last_launch(Tensor device, str kernel) -> int[]");
+  // Test hook of CUDA builds: where the last attention `stage` ("forward", "backward") ran and why,
+  // "<cudnn|native>: <reason>" ("" before the first; attention/cuda/backend_route.h).
+  m.def("_cuda_last_route(Tensor device, str stage) -> str");
+  // Test hook of builds with the cuDNN backend: validates, for compute capability `sm`, the cuDNN graph of the
+  // attention call these (meta) tensors and options describe: "" when cuDNN takes it, else cuDNN's message.
+  // Needs no GPU (kernel attention/cuda/cudnn_hooks.cpp).
+  m.def(
+      "_cudnn_validate_attention(Tensor q, Tensor k, Tensor v, *, bool causal=False, int window_left=-1, "
+      "int window_right=-1, bool backward=False, Tensor? cache_seqlens=None, Tensor? block_table=None, int sm=90) "
+      "-> str");
 }

@@ -38,6 +38,11 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 2
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
+# The cuDNN attention backend's cudnn-frontend headers on an offline GPU machine: carried as .cudnn_frontend/include
+# (make cudnn-frontend-carry copies them there); without them the build has no cuDNN backend.
+if [[ -z "${ATTN_OPS_CUDNN_FRONTEND_INCLUDE:-}" && -e "$REPO/.cudnn_frontend/include/cudnn_frontend.h" ]]; then
+  export ATTN_OPS_CUDNN_FRONTEND_INCLUDE="$REPO/.cudnn_frontend/include"
+fi
 SKIP=",${GPU_CHECK_SKIP:-},"
 XDIST=${GPU_CHECK_XDIST:-14}  # the float64 references run on the CPU: workers up to the 16 cores pay
 CPU_TESTS=${GPU_CHECK_CPU_TESTS:-1}

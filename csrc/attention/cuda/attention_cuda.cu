@@ -5,10 +5,16 @@
 // the longest sequences (one copy); the values of index tensors are checked on the device
 // (common/cuda/index_checks.h).
 #include "attention/cuda/attention_cuda.h"
+#include "attention/cuda/backend_route.h"
+#include "attention/cuda/launch_record.h"
 #include "attention/entry.h"
 #include "common/attention_call.h"
 #include "common/checks.h"
 #include "common/cuda/index_checks.h"
+
+#ifdef ATTN_OPS_WITH_CUDNN
+#include "attention/cuda/cudnn_backend.h"
+#endif
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -170,10 +176,46 @@ void sequences_forward(const AttentionCall& call, const at::Tensor& out, const a
   });
 }
 
+// Where a call runs (attention/cuda/backend_route.h), recorded for _cuda_last_route: true when cuDNN ran it
+// (`run_cudnn(&why)`), false when attn_ops' kernels must (the router's reason, or why cuDNN had no plan).
+template <typename Decide, typename RunCudnn>
+bool ran_on_cudnn(const char* pass, const char* op, const Decide& decide, const RunCudnn& run_cudnn) {
+#ifdef ATTN_OPS_WITH_CUDNN
+  const CudnnFacts facts = cudnn_facts();
+#else
+  const CudnnFacts facts{};
+#endif
+  const BackendRequest request = backend_request();
+  RouteDecision route = apply_request(decide(facts), request, op);
+  if (route.backend == AttentionBackend::cudnn) {
+    std::string why;
+    if (run_cudnn(&why)) {
+      record_route(pass, "cudnn: " + route.reason);
+      return true;
+    }
+    TORCH_CHECK(request != BackendRequest::cudnn, op, ": ATTN_OPS_ATTENTION_BACKEND=cudnn, but ", why);
+    route = RouteDecision{AttentionBackend::native, why};
+  }
+  record_route(pass, "native: " + route.reason);
+  return false;
+}
+
 void attention_backward_cuda(const AttentionBackwardCall& call, const at::Tensor& dq, const at::Tensor& dk,
                              const at::Tensor& dv) {
   const at::Tensor &q = call.q, &k = call.k, &v = call.v, &out = call.out, &dout = call.dout;
   const c10::cuda::CUDAGuard guard(q.device());
+  const auto decide = [&](const CudnnFacts& facts) { return route_backward(call, facts); };
+  const auto run_cudnn = [&](std::string* why) {
+#ifdef ATTN_OPS_WITH_CUDNN
+    return cudnn_attention_backward(call, dq, dk, dv, why);
+#else
+    (void)why;
+    return false;  // never asked: without the backend the router keeps every call native
+#endif
+  };
+  if (ran_on_cudnn("backward", call.op, decide, run_cudnn)) {
+    return;
+  }
   // lse, dlse and the delta scratch are read through one layout.
   const at::Tensor lse_c = call.lse.contiguous();
   const at::Tensor dlse_c = call.dlse.has_value() ? call.dlse->contiguous() : at::Tensor();
@@ -292,7 +334,6 @@ void check_cache_values_on_device(const AttentionCall& call) {
 // cache_seqlens[b] - 1 of cache (or block-table) row cache_batch_idx[b] (else b); its queries are the last
 // len_q of them.
 void cache_forward(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
-  check_cache_values_on_device(call);
   const at::Tensor &q = call.q, &k_cache = call.k, &v_cache = call.v;
   const bool packed = call.packed_q();
   const int64_t batch = call.batch.expect_int(), tokens_q = call.seqlen_q.expect_int();
@@ -352,9 +393,23 @@ void attention_forward(const AttentionCall& call, const at::Tensor& out, const a
   // Before the first check kernel: it must run on q's device and see that device's capture state.
   const c10::cuda::CUDAGuard guard(call.q.device());
   if (call.over_cache()) {
-    cache_forward(call, out, lse);
-  } else {
-    sequences_forward(call, out, lse);
+    check_cache_values_on_device(call);  // whichever backend runs
+  }
+  const auto decide = [&](const CudnnFacts& facts) { return route_forward(call, facts); };
+  const auto run_cudnn = [&](std::string* why) {
+#ifdef ATTN_OPS_WITH_CUDNN
+    return cudnn_attention_forward(call, out, lse, why);
+#else
+    (void)why;
+    return false;  // never asked: without the backend the router keeps every call native
+#endif
+  };
+  if (!ran_on_cudnn("forward", call.op, decide, run_cudnn)) {
+    if (call.over_cache()) {
+      cache_forward(call, out, lse);
+    } else {
+      sequences_forward(call, out, lse);
+    }
   }
   if (call.patterns.sinks.has_value()) {
     add_sinks(call, out, lse);

@@ -13,4 +13,8 @@ namespace attn_ops::cuda {
 // split_min_keys, rows per warp; "backward_mma": dim_qk, dim_v, query-head splits).
 void record_launch(const std::string& kernel, std::vector<int64_t> values);
 
+// Replaces the record of where the last attention `stage` ("forward", "backward") ran and why: "<backend>: <reason>"
+// (torch.ops.attn_ops._cuda_last_route).
+void record_route(const std::string& stage, std::string route);
+
 }  // namespace attn_ops::cuda
