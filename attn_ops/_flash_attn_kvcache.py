@@ -127,7 +127,7 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                  max_seqlen_q: Optional[int] = None, cu_seqlens_k_new: Optional[Tensor] = None,
                  rotary_seqlens: Optional[Tensor] = None, qv: Optional[Tensor] = None,
                  sinks: Optional[Tensor] = None, attention_chunk: int = 0,
-                 alibi_slopes: Optional[Tensor] = None):
+                 alibi_slopes: Optional[Tensor] = None, num_splits: int = 0):
     """FlashAttention's kvcache step; returns ``(out, lse)``.
 
     q is ``[B, Tq, Hq, D]``, or packed ``[total_q, Hq, D]`` with ``cu_seqlens_q``; k / v (optional) are
@@ -137,7 +137,7 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
     at consecutive positions when ``rotate_q_consecutive``, else all at the start. Duplicate cache_batch_idx
     rows: where their writes overlap, the highest batch row's tokens land (docs/flash_attn_compat.md). ``qv``
     (FlashAttention 3; like q with v's head dim): the scores are q . k + qv . v (with_qv), after q's rotation.
-    ``sinks``, ``attention_chunk`` and ``alibi_slopes``: as attn_ops.attention_with_kvcache's.
+    ``sinks``, ``attention_chunk``, ``alibi_slopes`` and ``num_splits``: as attn_ops.attention_with_kvcache's.
     """
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     packed_q, packed_new = cu_seqlens_q is not None, cu_seqlens_k_new is not None
@@ -197,4 +197,5 @@ def kvcache_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                                       causal=causal, window_left=window_size[0], window_right=window_size[1],
                                       softcap=softcap, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                       cache_batch_idx=rows, cache_leftpad=leftpad, sinks=sinks,
-                                      attention_chunk=attention_chunk, alibi_slopes=alibi_slopes)
+                                      attention_chunk=attention_chunk, alibi_slopes=alibi_slopes,
+                                      num_splits=num_splits)

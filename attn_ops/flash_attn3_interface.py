@@ -7,8 +7,10 @@ The functions take FlashAttention 3's arguments in its order with its defaults (
 q, k, v: FA3 has no ``dropout_p``) and return what it returns. Beyond FA3: keyword-only ``out=`` on
 ``flash_attn_func`` / ``flash_attn_varlen_func`` / ``flash_attn_with_kvcache`` (as vLLM's build takes it) and
 ``page_table=`` on ``flash_attn_varlen_func`` (packed queries over a paged cache, vLLM's ``block_table``).
-``num_splits``, ``pack_gqa``, ``deterministic``, ``sm_margin`` and ``scheduler_metadata`` tune FA3's kernels
-and are accepted (results do not depend on them). Raised as ``NotImplementedError`` naming the argument: fp8
+``deterministic`` is attn_ops.attention's (the backward in a fixed summation order) and ``flash_attn_with_kvcache``'s
+``num_splits`` attn_ops.attention_with_kvcache's (1: no key splits); ``pack_gqa``, ``sm_margin``,
+``scheduler_metadata`` and the other functions' ``num_splits`` tune FA3's kernels and are accepted (results do not
+depend on them). Raised as ``NotImplementedError`` naming the argument: fp8
 descales (``q_descale`` / ``k_descale`` / ``v_descale``). ``attention_chunk`` is chunked-local attention (as
 attn_ops.attention's), and keyword-only ``learnable_sink=`` (FlashAttention 4's name) or ``s_aux=`` (vLLM's)
 give attention sinks [Hq] (attn_ops.attention's ``sinks``, differentiable). ``qv`` (FA3's second
@@ -56,12 +58,13 @@ def _into(out: Optional[Tensor], result: Tensor) -> Tensor:
     return out.copy_(result)
 
 
-def _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, qv=None, sinks=None, **varlen):
+def _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, deterministic, qv=None,
+               sinks=None, **varlen):
     q, k, v, qv = (last_dim_contiguous(t) for t in (q, k, v, qv))
     q, k = with_qv(q, qv, k, v)
     return ops.attention(q, k, v, scale=softmax_scale, causal=causal, window_left=window_size[0],
                          window_right=window_size[1], softcap=softcap, sinks=sinks, attention_chunk=attention_chunk,
-                         **varlen)
+                         deterministic=deterministic, **varlen)
 
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
@@ -80,7 +83,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
             raise ValueError(f"{_NAME}.flash_attn_qkvpacked_func: qkv has {qkv.shape[2]} heads, not num_heads_q = "
                              f"{num_heads_q} plus twice a number of key heads")
         q, k, v = qkv.split([num_heads_q, num_heads_k, num_heads_k], dim=-2)
-    out, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk)
+    out, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, deterministic)
     return (out, lse) if return_attn_probs else out
 
 
@@ -92,7 +95,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     return_attn_probs, (out, softmax_lse [B, Hq, Tq])."""
     _check_supported(q, q_descale, k_descale, v_descale)
     sinks = sink_logits(s_aux, learnable_sink, f"{_NAME}.flash_attn_func")
-    result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, qv, sinks)
+    result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, deterministic, qv,
+                             sinks)
     result = _into(out, result)
     return (result, lse) if return_attn_probs else result
 
@@ -163,8 +167,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         v, _ = _packed(v, cu_seqlens_k)
         if seqused_q is not None or seqused_k is not None:
             cu_q, cu_k = _used_runs(cu_q, cu_k, seqused_q, seqused_k)
-        result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, qv, sinks,
-                                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_seqlen_q,
+        result, lse = _attention(q, k, v, softmax_scale, causal, window_size, softcap, attention_chunk, deterministic,
+                                 qv, sinks, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k)
     if batched_q:
         result = result.unflatten(0, (batch, -1))
@@ -243,7 +247,7 @@ def flash_attn_with_kvcache(
                                rotary_interleaved, rotate_q_consecutive=causal or windowed,
                                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens, qv=qv, sinks=sinks,
-                               attention_chunk=attention_chunk)
+                               attention_chunk=attention_chunk, num_splits=num_splits)
     result = _into(out, result)
     if not return_softmax_lse:
         return result

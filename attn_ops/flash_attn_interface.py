@@ -8,7 +8,8 @@ Each function takes FlashAttention 2's arguments with its semantics and is a thi
 ``attn_ops`` ops (no Python loops over the batch, no host synchronization), so it compiles with
 ``torch.compile(fullgraph=True)``. ``alibi_slopes`` (float32 [Hq] or [B, Hq]) is attn_ops.attention's ALiBi,
 FlashAttention 2's definition. Not supported (a clear ``NotImplementedError``): ``dropout_p > 0``, fp8 inputs.
-``deterministic`` and ``num_splits`` are accepted and ignored (the results do not depend on them). With
+``deterministic`` is attn_ops.attention's (the backward in a fixed summation order) and ``num_splits``
+attn_ops.attention_with_kvcache's (1: no key splits, a row's result independent of the batch). With
 ``return_attn_probs=True`` the functions return ``(out, softmax_lse, None)``: the lse as FlashAttention gives
 it, no attention probabilities (those only exist for dropout in FlashAttention too). ``flash_attn_func``,
 ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` also take keyword-only attention sinks [Hq] as
@@ -46,12 +47,12 @@ def _result(out: Tensor, lse: Tensor, return_lse: bool):
     return (out, lse, None) if return_lse else out
 
 
-def _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, sinks=None,
-               **varlen):
+def _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+               sinks=None, **varlen):
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(q, k, v, scale=softmax_scale, causal=causal, window_left=window_size[0],
                              window_right=window_size[1], softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-                             **varlen)
+                             deterministic=deterministic, **varlen)
     return _result(out, lse, return_attn_probs)
 
 
@@ -62,7 +63,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     with return_attn_probs, (out, softmax_lse [B, Hq, Tq], None)."""
     _check_supported(q, dropout_p)
     sinks = sink_logits(s_aux, learnable_sink, "attn_ops.flash_attn_interface.flash_attn_func")
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, sinks)
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs, sinks)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -70,7 +72,8 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """qkv [B, T, 3, H, D] (q, k, v read as strided views, not copied)."""
     _check_supported(qkv, dropout_p)
     q, k, v = qkv.unbind(dim=2)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -78,7 +81,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     """q [B, Tq, Hq, D], kv [B, Tk, 2, Hk, D]."""
     _check_supported(q, dropout_p)
     k, v = kv.unbind(dim=2)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -99,7 +103,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                               cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, sinks=sinks,
                                               alibi_slopes=alibi_slopes)
         return _result(out, lse, return_attn_probs)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, sinks,
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs, sinks,
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k)
 
@@ -110,7 +115,8 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     """qkv [total, 3, H, D] with cu_seqlens [B + 1]."""
     _check_supported(qkv, dropout_p)
     q, k, v = qkv.unbind(dim=1)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs,
                       cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
                       max_seqlen_k=max_seqlen)
 
@@ -121,7 +127,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     """q [total_q, Hq, D], kv [total_k, 2, Hk, D]."""
     _check_supported(q, dropout_p)
     k, v = kv.unbind(dim=1)
-    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs,
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k)
 
@@ -170,5 +177,5 @@ def flash_attn_with_kvcache(
     out, lse = kvcache_step(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
                             rotary_interleaved, rotate_q_consecutive=causal or windowed, sinks=sinks,
-                            alibi_slopes=alibi_slopes)
+                            alibi_slopes=alibi_slopes, num_splits=num_splits)
     return (out, lse) if return_softmax_lse else out

@@ -27,6 +27,7 @@ def attention(
     sinks: Optional[Tensor] = None,
     attention_chunk: int = 0,
     alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """Scaled dot-product attention with multi-head, grouped-query or multi-query heads.
 
@@ -61,6 +62,9 @@ def attention(
         alibi_slopes: ALiBi (BLOOM, MPT), float32 ``[Hq]`` or ``[B, Hq]``: the logit of query ``i`` and
             key ``j`` gains ``-slope * |i + Tk - Tq - j|`` after soft-capping (FlashAttention 2's
             definition). Not differentiable: slopes that require grad are refused while grad mode is on.
+        deterministic: the backward in a fixed summation order (also on when
+            ``torch.are_deterministic_algorithms_enabled()``): on CUDA the kernels without atomics (and never
+            cuDNN); the CPU backward always is. The forward is deterministic either way.
 
     Returns:
         ``(out, lse)``: ``out`` is ``[B, Tq, Hq, Dv]`` (``[total_q, Hq, Dv]`` for varlen) in the
@@ -88,6 +92,7 @@ def attention(
         sinks=sinks,
         attention_chunk=attention_chunk,
         alibi_slopes=alibi_slopes,
+        deterministic=deterministic,
     )
 
 
@@ -111,6 +116,7 @@ def attention_backward(
     max_seqlen_k: Optional[int] = None,
     attention_chunk: int = 0,
     alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of :func:`attention` (what autograd calls; exposed for custom graphs).
 
@@ -139,6 +145,7 @@ def attention_backward(
         max_seqlen_k=max_seqlen_k,
         attention_chunk=attention_chunk,
         alibi_slopes=alibi_slopes,
+        deterministic=deterministic,
     )
 
 
@@ -195,6 +202,7 @@ def attention_with_kvcache(
     sinks: Optional[Tensor] = None,
     attention_chunk: int = 0,
     alibi_slopes: Optional[Tensor] = None,
+    num_splits: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """Attention of new queries over a KV cache: decode (``Tq = 1``), chunked prefill, speculative verification.
 
@@ -215,6 +223,9 @@ def attention_with_kvcache(
 
     ``sinks``, ``attention_chunk`` and ``alibi_slopes`` as in :func:`attention`; chunk and ALiBi positions are
     cache positions counted from ``cache_leftpad[b]``.
+
+    ``num_splits``: the most pieces each row's keys are cut into for parallel work (0: automatic; 1: none, which
+    makes a decode row's result independent of the other rows of the batch, bit for bit).
 
     Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])`` (packed: ``out [total_q, Hq, Dv]``, ``lse [Hq, total_q]``);
     a row with an empty cache gives zeros and ``-inf``. Not differentiable (inference op).
@@ -237,6 +248,7 @@ def attention_with_kvcache(
         sinks=sinks,
         attention_chunk=attention_chunk,
         alibi_slopes=alibi_slopes,
+        num_splits=num_splits,
     )
 
 

@@ -14,12 +14,12 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              std::optional<c10::SymInt> max_seqlen_q,
                                              std::optional<c10::SymInt> max_seqlen_k,
                                              const std::optional<at::Tensor>& sinks, int64_t attention_chunk,
-                                             const std::optional<at::Tensor>& alibi_slopes) {
+                                             const std::optional<at::Tensor>& alibi_slopes, bool deterministic) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::attention", "")
                              .typed<decltype(attention)>();
   return op.call(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                 max_seqlen_k, sinks, attention_chunk, alibi_slopes);
+                 max_seqlen_k, sinks, attention_chunk, alibi_slopes, deterministic);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
@@ -27,12 +27,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
-    std::optional<c10::SymInt> max_seqlen_k, int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes) {
+    std::optional<c10::SymInt> max_seqlen_k, int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes,
+    bool deterministic) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::attention_backward", "")
                              .typed<decltype(attention_backward)>();
   return op.call(dout, q, k, v, out, lse, dlse, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, attention_chunk, alibi_slopes);
+                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, attention_chunk, alibi_slopes, deterministic);
 }
 
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
@@ -63,12 +64,14 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, c
                                                           const std::optional<at::Tensor>& cache_leftpad,
                                                           const std::optional<at::Tensor>& sinks,
                                                           int64_t attention_chunk,
-                                                          const std::optional<at::Tensor>& alibi_slopes) {
+                                                          const std::optional<at::Tensor>& alibi_slopes,
+                                                          int64_t num_splits) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::attention_with_kvcache", "")
                              .typed<decltype(attention_with_kvcache)>();
   return op.call(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap,
-                 cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad, sinks, attention_chunk, alibi_slopes);
+                 cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad, sinks, attention_chunk, alibi_slopes,
+                 num_splits);
 }
 
 at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

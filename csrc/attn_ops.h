@@ -41,7 +41,10 @@ std::tuple<at::Tensor, at::Tensor> attention(
     int64_t attention_chunk = 0,
     // ALiBi (float32 [heads_q] or [batch, heads_q]): the score of query position p and key position j gains
     // -slope * |p - j| after soft-capping (positions bottom-right aligned). Not differentiable.
-    const std::optional<at::Tensor>& alibi_slopes = std::nullopt);
+    const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
+    // The backward in a fixed summation order (also when torch.are_deterministic_algorithms_enabled()): on CUDA
+    // the kernels without atomics; the CPU's is always deterministic.
+    bool deterministic = false);
 
 // Gradients of `attention` with respect to q, k and v (dk/dv summed over each KV group's query heads).
 // `dlse`, when given, is the gradient flowing into the lse output.
@@ -64,7 +67,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     std::optional<c10::SymInt> max_seqlen_k = std::nullopt,
     // As the forward's; the forward's sinks need nothing here (lse and out already include them).
     int64_t attention_chunk = 0,
-    const std::optional<at::Tensor>& alibi_slopes = std::nullopt);
+    const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
+    bool deterministic = false);
 
 // Writes k [batch, seqlen_new, heads_kv, head_dim] (and v) into the contiguous cache
 // k_cache [batch, capacity, heads_kv, head_dim] at each row's current length cache_seqlens[b] (int32).
@@ -104,7 +108,10 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
     // As attention's; chunk and ALiBi positions are cache positions (from cache_leftpad[b]).
     const std::optional<at::Tensor>& sinks = std::nullopt,
     int64_t attention_chunk = 0,
-    const std::optional<at::Tensor>& alibi_slopes = std::nullopt);
+    const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
+    // The most key splits a row's keys are cut into (0: automatic; 1: none, so that a row's result does not
+    // depend on the other rows of the batch).
+    int64_t num_splits = 0);
 
 // Rotary position embedding (docs/rotary_api.md): x [..., heads, head_dim] rotated at positions (int32 /
 // int64 [...], x's leading dims) by the tables cos / sin [max_positions, rotary_dim / 2] (float32 or x's

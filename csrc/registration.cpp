@@ -9,15 +9,15 @@ TORCH_LIBRARY(attn_ops, m) {
       "attention(Tensor q, Tensor k, Tensor v, *, float? scale=None, bool causal=False, "
       "int window_left=-1, int window_right=-1, float softcap=0.0, "
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-      "SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, Tensor? sinks=None, int attention_chunk=0, Tensor? alibi_slopes=None) "
-      "-> (Tensor out, Tensor lse)");
+      "SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, Tensor? sinks=None, int attention_chunk=0, "
+      "Tensor? alibi_slopes=None, bool deterministic=False) -> (Tensor out, Tensor lse)");
   m.def(
       "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, *, "
       "Tensor? dlse=None, float? scale=None, bool causal=False, "
       "int window_left=-1, int window_right=-1, float softcap=0.0, "
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
       "SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, int attention_chunk=0, "
-      "Tensor? alibi_slopes=None) "
+      "Tensor? alibi_slopes=None, bool deterministic=False) "
       "-> (Tensor dq, Tensor dk, Tensor dv)");
 
   // KV-cache writes: in place, every mutated tensor declared, nothing returned. Semantics:
@@ -33,8 +33,8 @@ TORCH_LIBRARY(attn_ops, m) {
       "attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, *, "
       "Tensor? block_table=None, float? scale=None, bool causal=True, int window_left=-1, "
       "int window_right=-1, float softcap=0.0, Tensor? cu_seqlens_q=None, SymInt? max_seqlen_q=None, "
-      "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, Tensor? sinks=None, int attention_chunk=0, Tensor? alibi_slopes=None) "
-      "-> (Tensor out, Tensor lse)");
+      "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, Tensor? sinks=None, int attention_chunk=0, "
+      "Tensor? alibi_slopes=None, int num_splits=0) -> (Tensor out, Tensor lse)");
 
   // Rotary position embedding (half-split or interleaved pairs), out of place (differentiable) or in
   // place. Semantics: docs/rotary_api.md.

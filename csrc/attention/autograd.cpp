@@ -38,15 +38,17 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
                                std::optional<c10::SymInt> max_seqlen_k, const std::optional<at::Tensor>& sinks,
-                               int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes) {
+                               int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes,
+                               bool deterministic) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, lse] = attn_ops::attention(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
                                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, attention_chunk,
-                                          alibi_slopes);
+                                          alibi_slopes, deterministic);
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q.value_or(at::Tensor()),
                             cu_seqlens_k.value_or(at::Tensor()), sinks.value_or(at::Tensor()),
                             alibi_slopes.value_or(at::Tensor())});
     ctx->saved_data["attention_chunk"] = attention_chunk;
+    ctx->saved_data["deterministic"] = deterministic;
     ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["window_left"] = window_left;
@@ -72,16 +74,21 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         dout, q, k, v, out, lse, optional_tensor(grads[1]), data["scale"].toOptional<double>(),
         data["causal"].toBool(), data["window_left"].toInt(), data["window_right"].toInt(), data["softcap"].toDouble(),
         optional_tensor(saved[5]), optional_tensor(saved[6]), data["max_seqlen_q"].toOptional<c10::SymInt>(),
-        data["max_seqlen_k"].toOptional<c10::SymInt>(), data["attention_chunk"].toInt(), optional_tensor(saved[8]));
+        data["max_seqlen_k"].toOptional<c10::SymInt>(), data["attention_chunk"].toInt(), optional_tensor(saved[8]),
+        data["deterministic"].toBool());
     const at::Tensor& sinks = saved[7];
     // Edges are the defined tensor arguments: q, k, v, (cu_seqlens_q, cu_seqlens_k,) sinks.
     const size_t sinks_edge = saved[5].defined() ? 5 : 3;
     const at::Tensor dsinks = sinks.defined() && ctx->needs_input_grad(sinks_edge)
                                   ? sinks_gradient(sinks, dout, out, lse, optional_tensor(grads[1]), saved[5].defined())
                                   : at::Tensor();
-    // One entry per forward argument; the non-tensor ones, cu_seqlens and alibi_slopes get none.
-    return {dq,           dk,           dv,           at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), dsinks,       at::Tensor(), at::Tensor()};
+    // One entry per forward argument (16); the non-tensor ones, cu_seqlens and alibi_slopes get none.
+    variable_list grads_in(16);
+    grads_in[0] = dq;
+    grads_in[1] = dk;
+    grads_in[2] = dv;
+    grads_in[12] = dsinks;  // sinks is the 13th argument
+    return grads_in;
   }
 };
 
@@ -94,11 +101,12 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
                                                       std::optional<c10::SymInt> max_seqlen_k,
                                                       const std::optional<at::Tensor>& sinks,
                                                       int64_t attention_chunk,
-                                                      const std::optional<at::Tensor>& alibi_slopes) {
+                                                      const std::optional<at::Tensor>& alibi_slopes,
+                                                      bool deterministic) {
   check_alibi_not_differentiable("attn_ops.attention", alibi_slopes);
   variable_list outs = AttentionFunction::apply(q, k, v, scale, causal, window_left, window_right, softcap,
                                                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks,
-                                                attention_chunk, alibi_slopes);
+                                                attention_chunk, alibi_slopes, deterministic);
   return {outs[0], outs[1]};
 }
 

@@ -7,7 +7,9 @@
 #include "attention/validation.h"
 #include "common/attention_call.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <optional>
 #include <tuple>
@@ -23,7 +25,8 @@ std::tuple<at::Tensor, at::Tensor> attention_on(const at::Tensor& q, const at::T
                                                 std::optional<c10::SymInt> max_seqlen_q,
                                                 std::optional<c10::SymInt> max_seqlen_k,
                                                 const std::optional<at::Tensor>& sinks, int64_t attention_chunk,
-                                                const std::optional<at::Tensor>& alibi_slopes) {
+                                                const std::optional<at::Tensor>& alibi_slopes,
+                                                bool /*deterministic: the backward's, which autograd passes on*/) {
   const AttentionCall call = prepare_attention(q, k, v, scale, causal, window_left, window_right, softcap,
                                                cu_seqlens_q, cu_seqlens_k, size_hint(max_seqlen_q),
                                                size_hint(max_seqlen_k),
@@ -41,10 +44,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_on(
     const at::Tensor& lse, const std::optional<at::Tensor>& dlse, std::optional<double> scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
-    std::optional<c10::SymInt> max_seqlen_k, int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes) {
-  const AttentionBackwardCall call = prepare_attention_backward(
+    std::optional<c10::SymInt> max_seqlen_k, int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes,
+    bool deterministic) {
+  AttentionBackwardCall call = prepare_attention_backward(
       dout, q, k, v, out, lse, dlse, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
       size_hint(max_seqlen_q), size_hint(max_seqlen_k), PatternOptions{std::nullopt, alibi_slopes, attention_chunk});
+  call.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
   auto [dq, dk, dv] = empty_attention_grads(q, k, v);
   if constexpr (backward != nullptr) {
     backward(call, dq, dk, dv);
@@ -65,11 +70,14 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q
                                                              const std::optional<at::Tensor>& cache_leftpad,
                                                              const std::optional<at::Tensor>& sinks,
                                                              int64_t attention_chunk,
-                                                             const std::optional<at::Tensor>& alibi_slopes) {
+                                                             const std::optional<at::Tensor>& alibi_slopes,
+                                                             int64_t num_splits) {
   const KvCacheRows rows{cu_seqlens_q, size_hint(max_seqlen_q), cache_batch_idx, cache_leftpad};
-  const AttentionCall call = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale,
-                                                            causal, window_left, window_right, softcap, rows,
-                                                            PatternOptions{sinks, alibi_slopes, attention_chunk});
+  AttentionCall call = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
+                                                      window_left, window_right, softcap, rows,
+                                                      PatternOptions{sinks, alibi_slopes, attention_chunk});
+  TORCH_CHECK(num_splits >= 0, call.op, ": num_splits must be >= 0 (0: automatic, 1: no split), got ", num_splits);
+  call.num_splits = num_splits;
   auto [out, lse] = empty_out_lse(call.outputs, q.options());
   if constexpr (forward != nullptr) {
     forward(call, out, lse);

@@ -49,6 +49,10 @@ struct AttentionCall {
   int64_t window_left = -1, window_right = -1;  // -1: unbounded
   double softcap = 0.0;
   PatternOptions patterns;  // sinks, ALiBi, chunks
+  // How to run, not what: the most key splits of a forward (0: automatic; 1: none, so that a row's result does not
+  // depend on the rest of the batch), and a backward in a fixed summation order.
+  int64_t num_splits = 0;
+  bool deterministic = false;
 
   // Sizes (SymInts, so the Meta kernels size outputs under dynamic shapes). batch: sequences; seqlen_q:
   // queries per sequence (dense) or total_q (packed); seqlen_k: keys per sequence (dense), total_k (varlen),

@@ -93,6 +93,9 @@ TEST(BackendRoute, ProblemRulesKeepCallsNative) {
 TEST(BackendRoute, BackwardRules) {
   expect_route(route_backward(Dense{}.backward(/*with_dlse=*/true), h200()), AttentionBackend::native,
                "a gradient flowing into lse");
+  AttentionBackwardCall ordered = Dense{}.backward();
+  ordered.deterministic = true;
+  expect_route(route_backward(ordered, h200()), AttentionBackend::native, "deterministic");
   Dense one_query;
   one_query.tq = 1;
   expect_route(route_backward(one_query.backward(), h200()), AttentionBackend::native, "one query");

@@ -68,6 +68,7 @@ AttentionProblem make_problem(const AttentionCall& call) {
     p.len_k.assign(p.batch, call.seqlen_k.expect_int());
   }
   p.set_windows(call.window_left, call.effective_window_right(), call.patterns.attention_chunk);
+  p.max_splits = call.num_splits;
   if (call.patterns.sinks.has_value()) {
     const at::Tensor sinks = call.patterns.sinks->to(at::kDouble).contiguous();
     p.sinks.assign(sinks.const_data_ptr<double>(), sinks.const_data_ptr<double>() + p.heads_q);

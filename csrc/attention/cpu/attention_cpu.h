@@ -59,6 +59,10 @@ struct AttentionProblem {
   std::vector<int64_t> len_q, len_k;            // [batch]
   std::vector<int64_t> token_q;                 // [batch]: index of the sequence's first query token
   int64_t total_q = 0;                          // query tokens over all sequences
+  int64_t max_splits = 0;                       // the most key splits of a row (num_splits; 0: automatic)
+
+  // The key splits a forward uses: its own choice, capped by max_splits.
+  int64_t capped_splits(int64_t chosen) const { return max_splits > 0 ? std::min(chosen, max_splits) : chosen; }
 
   // Sets the windows (-1: unbounded) and the chunk (0: none); windows longer than every sequence become
   // unbounded and chunks longer than every sequence the same chunk of length longest + 1 (every query's chunk

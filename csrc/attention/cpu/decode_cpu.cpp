@@ -128,6 +128,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
   if (items > 0 && items < 4 * threads) {
     splits = std::max<int64_t>(1, std::min((4 * threads + items - 1) / items, longest_k / kMinSplitKeys));
   }
+  splits = p.capped_splits(splits);
   const int64_t rows_total = p.total_q * Hq;
   std::vector<acc_t> part_out(splits > 1 ? splits * rows_total * Dv : 0);
   std::vector<acc_t> part_lse(splits > 1 ? splits * rows_total : 0);
@@ -183,7 +184,9 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.k_end = k_end;
         a.softcap = static_cast<acc_t>(p.softcap);
         const bool use_gemm = rows >= kGemmDecodeRows;
-        a.tile = use_gemm ? kGemmDecodeTile : decode_tile<scalar_t>(Hkv);
+        // Without splits (num_splits = 1) a row's result must not depend on the batch: heads_per_item does (through
+        // max_rows), so the streaming tile, which orders the row's sums, is then fixed.
+        a.tile = use_gemm ? kGemmDecodeTile : p.max_splits == 1 ? kDecodeChunk : decode_tile<scalar_t>(Hkv);
         a.scores = s.scores.data();
         a.key_tile = s.key_tile.data();
         a.value_tile = s.value_tile.data();

@@ -130,6 +130,7 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
     }
     splits = std::max<int64_t>(1, std::min((2 * threads + num_items - 1) / num_items, most_tiles));
   }
+  splits = p.capped_splits(splits);
   // Partial results of the splits: normalized output and lse per (split, query row); rows are
   // (token_q[b] + position) * Hq + head.
   const int64_t rows_total = p.total_q * Hq;

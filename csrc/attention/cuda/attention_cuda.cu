@@ -96,10 +96,14 @@ int64_t longest_packed_rows(const at::Tensor& cu_q, std::optional<int64_t> max_s
 // fill) and allocates the partial buffers when there is more than one split (kept alive by the returned
 // tensors).
 template <typename T>
-std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t max_len_k, const at::TensorOptions& options) {
+std::pair<at::Tensor, at::Tensor> set_splits(ForwardArgs<T>& a, int64_t max_len_k, int64_t max_splits,
+                                             const at::TensorOptions& options) {
   const int64_t heads_kv = a.heads_q / a.group, rows = a.max_len_q * a.group;
   a.split_min_keys = split_min_keys(rows, a.dim_qk, a.dim_v, static_cast<int64_t>(sizeof(T)));
   a.splits = max_key_splits(a.batch * heads_kv * ceil_div(rows, 64), sm_count(), max_len_k, a.split_min_keys);
+  if (max_splits > 0) {  // num_splits
+    a.splits = std::min(a.splits, max_splits);
+  }
   if (a.splits == 1) {
     return {};
   }
@@ -171,7 +175,7 @@ void sequences_forward(const AttentionCall& call, const at::Tensor& out, const a
     a.lse_layout = lse_layout(lse, varlen);
     set_problem(a, call, cu_q, cu_k);
     a.max_len_q = max_len_q;
-    [[maybe_unused]] const auto partials = set_splits(a, max_len_k, q.options());
+    [[maybe_unused]] const auto partials = set_splits(a, max_len_k, call.num_splits, q.options());
     launch_attention_forward(a);
   });
 }
@@ -251,6 +255,7 @@ void attention_backward_cuda(const AttentionBackwardCall& call, const at::Tensor
     a.dv_layout = token_layout(dv, varlen);
     a.lse_layout = lse_layout(lse_c, varlen);
     set_problem(a, call, cu_q, cu_k);
+    a.deterministic = call.deterministic;
     a.heads_kv = call.heads_kv.expect_int();
     a.max_len_q = longest.first;
     a.max_len_k = longest.second;
@@ -368,7 +373,7 @@ void cache_forward(const AttentionCall& call, const at::Tensor& out, const at::T
     a.dim_qk = call.head_dim_qk.expect_int();
     a.dim_v = call.head_dim_v.expect_int();
     a.max_len_q = max_len_q;
-    [[maybe_unused]] const auto partials = set_splits(a, capacity, q.options());
+    [[maybe_unused]] const auto partials = set_splits(a, capacity, call.num_splits, q.options());
     launch_attention_forward(a);
   });
 }

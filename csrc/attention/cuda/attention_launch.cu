@@ -63,9 +63,10 @@ bool try_backward_mma(const BackwardArgs<T>& a) {
 template <typename T>
 bool backward_uses_mma(const BackwardArgs<T>& a) {
   if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
-    // ALiBi runs on the row kernels: its bias in the tensor-core backward would cost every call registers
-    return a.alibi.slopes == nullptr && mma_backward_supported(c10::CppTypeToScalarType<T>::value, a.dim_qk, a.dim_v) &&
-           mma_backward_aligned(a);
+    // ALiBi runs on the row kernels: its bias in the tensor-core backward would cost every call registers.
+    // Deterministic too: the tensor-core backward sums dQ (and split dK / dV) with atomics.
+    return a.alibi.slopes == nullptr && !a.deterministic &&
+           mma_backward_supported(c10::CppTypeToScalarType<T>::value, a.dim_qk, a.dim_v) && mma_backward_aligned(a);
   } else {
     return false;
   }

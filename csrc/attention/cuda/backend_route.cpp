@@ -158,6 +158,9 @@ RouteDecision route_backward(const AttentionBackwardCall& call, const CudnnFacts
   if (call.dlse.has_value()) {
     return keep_native("a gradient flowing into lse: cuDNN's backward has no input for it");
   }
+  if (call.deterministic) {
+    return keep_native("deterministic: cuDNN's ordered backward needs 9.25");
+  }
   if (call.seqlen_q.expect_int() == 1) {
     return keep_native("one query: cuDNN's backward at s_q = 1 is refused or NaN in known versions");
   }

@@ -241,6 +241,8 @@ struct BackwardArgs {
   Window window;
   Logit<A> logit;
   Alibi alibi;  // the row kernels only (backward_uses_mma)
+  // A fixed summation order: the row kernels, which sum dQ and dK / dV per row without atomics
+  bool deterministic = false;
   int64_t batch, heads_q, heads_kv, group, dim_qk, dim_v;
   int64_t max_len_q, max_len_k;  // grid bounds
   // Tensor-core backward only (backward_mma.cu), else null: fp32 dQ summed over key tiles by atomics, then
