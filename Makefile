@@ -9,13 +9,13 @@ RUN = PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON)
 # nvidia-cudnn-frontend: the headers of the CUDA build's cuDNN attention backend, without their Python-only
 # dependencies (--no-deps).
 # The extension is built in place (attn_ops/_C*.so) against the torch already installed, so the ABI
-# matches. build/ keeps ninja's objects: an unchanged tree builds in seconds and a changed kernel
+# matches; tools/build.py prints one line per compiled file and keeps the compiler's output in
+# build/build.log. build/ keeps ninja's objects: an unchanged tree builds in seconds and a changed kernel
 # recompiles that file only (pip install -e would rebuild everything in a fresh temporary directory).
 install:
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
 	$(PYTHON) -m pip install -q --no-deps nvidia-cudnn-frontend==1.32.0
-	@start=$$(date +%s); $(PYTHON) setup.py -q build_ext --inplace && \
-	  echo "== extension built in $$(( $$(date +%s) - start )) s"
+	$(PYTHON) tools/build.py
 
 demo: install
 	$(RUN) examples/demo.py

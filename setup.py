@@ -94,6 +94,13 @@ def make_extension():
     # No -mavx2 etc.: the binary stays portable; the vector kernels carry one copy per instruction set,
     # picked at run time (csrc/common/cpu_isa.h).
     cxx_flags = ["-O3", STD_FLAG, "-fvisibility-inlines-hidden", "-fopenmp"]
+    # torch's headers as system headers: their warnings (ATen's vector headers compiled into every per-ISA copy:
+    # "may be used uninitialized", "ignoring #pragma unroll") are theirs, and hid ours. GCC ignores the -I of a
+    # directory also given with -isystem and searches it as a system one.
+    from torch.utils.cpp_extension import include_paths
+
+    for directory in include_paths():
+        cxx_flags += ["-isystem", directory]
     common = dict(
         name="attn_ops._C",
         # Headers too: setuptools skips the whole build when no listed file is newer than the library,
@@ -113,6 +120,8 @@ def make_extension():
         cudnn_includes = cudnn_backend_includes()
         if cudnn_includes:
             common["include_dirs"] += cudnn_includes
+            for directory in cudnn_includes:  # third-party headers, as torch's: their warnings are not ours
+                cxx_flags += ["-isystem", directory]
             # cuDNN loaded at run time (the libcudnn torch loaded), the frontend's JSON support left out
             macros += [("ATTN_OPS_WITH_CUDNN", "1"), ("NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING", "1"),
                        ("CUDNN_FRONTEND_SKIP_JSON_LIB", "1")]

@@ -170,6 +170,15 @@ inline const c10::BFloat16* amx_key_block(const c10::BFloat16* const* rows, int6
   return buffer;
 }
 
+// The low / high 64-bit halves of each 128-bit lane of x and y, interleaved (functions, not lambdas: a
+// lambda's function-pointer thunk is compiled without the file's target, and GCC warned of its __m512 ABI).
+inline __m512 unpack_lo64(__m512 x, __m512 y) {
+  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+}
+inline __m512 unpack_hi64(__m512 x, __m512 y) {
+  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+}
+
 // dst[c * ldd + i] = src[i * lds + c] for i < 16 and the first min(16, count) rows c of dst: a 16 x 16
 // block of floats transposed in registers (pairs of rows, then pairs of pairs, then 128-bit lanes twice).
 inline void transpose_16x16(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t count) {
@@ -181,17 +190,11 @@ inline void transpose_16x16(const float* src, int64_t lds, float* dst, int64_t l
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
-  const auto lo64 = [](__m512 x, __m512 y) {
-    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
-  };
-  const auto hi64 = [](__m512 x, __m512 y) {
-    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
-  };
   for (int i = 0; i < 4; ++i) {  // r[4i + k], 128-bit lane L: rows 4i .. 4i + 3 of column 4L + k
-    r[4 * i] = lo64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = hi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = lo64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = hi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i] = unpack_lo64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = unpack_hi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = unpack_lo64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = unpack_hi64(t[4 * i + 1], t[4 * i + 3]);
   }
   for (int k = 0; k < 4; ++k) {  // t[k]: lanes 0 / 2 of rows 0-7, t[4 + k]: lanes 1 / 3; t[8 ..]: rows 8-15
     t[k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);

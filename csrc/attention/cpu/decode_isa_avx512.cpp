@@ -3,6 +3,7 @@
 // The headers whose inline code the rest of the library shares come first, so that code stays portable
 // (common/cpu_isa_target.h): compiled after the target pragma, the BLAS wrappers of blas.h became weak
 // symbols with AVX-512 bodies that the linker could pick for the whole library.
+#include "common/cpu/intrinsics_quiet.h"  // first: before any header includes <immintrin.h>
 #include "common/cpu/blas.h"
 #include "attention/cpu/decode_cpu.h"
 

@@ -2,6 +2,7 @@
 // whatever the build's flags; prefill_cpu.cpp calls them only where the CPU has it.
 // The headers whose inline code the rest of the library shares come first, so that code stays portable
 // (common/cpu_isa_target.h).
+#include "common/cpu/intrinsics_quiet.h"  // first: before any header includes <immintrin.h>
 #include "attention/cpu/attention_cpu.h"
 #include "common/cpu/blas.h"
 #include "common/cpu/parallel.h"
