@@ -49,6 +49,23 @@ def test_stamp_follows_every_build_input(stamp_module, tree):
     assert stamp_module.build_stamp("9.0a", str(tree)) != base
 
 
+def test_stamp_follows_the_cudnn_frontend_headers(stamp_module, tree, monkeypatch):
+    """A library built with the cuDNN backend's headers is not one built without them: the carried
+    .cudnn_frontend/include (or $ATTN_OPS_CUDNN_FRONTEND_INCLUDE) and its version are inputs."""
+    monkeypatch.delenv("ATTN_OPS_CUDNN_FRONTEND_INCLUDE", raising=False)
+    without = stamp_module.build_stamp("9.0a", str(tree))
+    write(tree, ".cudnn_frontend/include/cudnn_frontend_version.h", "#define CUDNN_FRONTEND_MINOR_VERSION 32")
+    carried = stamp_module.build_stamp("9.0a", str(tree))
+    assert carried != without
+    # the same headers named by the variable instead (prebuild_device.sh's case): the same stamp
+    (tree / ".cudnn_frontend").rename(tree / "headers")
+    assert stamp_module.build_stamp("9.0a", str(tree)) == without
+    monkeypatch.setenv("ATTN_OPS_CUDNN_FRONTEND_INCLUDE", str(tree / "headers" / "include"))
+    assert stamp_module.build_stamp("9.0a", str(tree)) == carried
+    write(tree, "headers/include/cudnn_frontend_version.h", "#define CUDNN_FRONTEND_MINOR_VERSION 33")
+    assert stamp_module.build_stamp("9.0a", str(tree)) not in (without, carried)
+
+
 def test_stamp_ignores_files_outside_the_build(stamp_module, tree):
     base = stamp_module.build_stamp("9.0a", str(tree))
     (tree / "docs/readme.md").write_text("changed")

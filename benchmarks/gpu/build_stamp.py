@@ -1,5 +1,7 @@
 """What a build of the extension depends on, as one hash: the sources (csrc/, setup.py, build_config.json,
-attn_ops/_linkage.py), the torch version, the Python minor version and TORCH_CUDA_ARCH_LIST.
+attn_ops/_linkage.py), the torch version, the Python minor version, TORCH_CUDA_ARCH_LIST and the cudnn-frontend
+headers the cuDNN backend is built with ($ATTN_OPS_CUDNN_FRONTEND_INCLUDE, else the carried
+.cudnn_frontend/include; none: a build without the cuDNN backend).
 
 benchmarks/gpu/prebuild_device.sh writes it next to a library built on this machine for the GPU machine;
 gpu_check.sh uses that library only when the hash it computes there is the same (the same sources and the
@@ -28,8 +30,19 @@ def input_files(root=ROOT):
     return sorted(found)
 
 
+def cudnn_frontend_version(root=ROOT):
+    """The version header of the cudnn-frontend headers a build would use, or "none"."""
+    include = os.environ.get("ATTN_OPS_CUDNN_FRONTEND_INCLUDE") or os.path.join(root, ".cudnn_frontend", "include")
+    path = os.path.join(include, "cudnn_frontend_version.h")
+    if not os.path.isfile(path):
+        return "none"
+    with open(path) as f:
+        return f.read()
+
+
 def build_stamp(arch_list, root=ROOT):
-    """sha256 over the input files (names and bytes), torch's version, Python's major.minor and arch_list."""
+    """sha256 over the input files (names and bytes), torch's version, Python's major.minor, arch_list and the
+    cudnn-frontend version."""
     import torch
 
     digest = hashlib.sha256()
@@ -39,6 +52,7 @@ def build_stamp(arch_list, root=ROOT):
             digest.update(f.read() + b"\0")
     toolchain = f"torch {torch.__version__}; python {sys.version_info[0]}.{sys.version_info[1]}; arch {arch_list}"
     digest.update(toolchain.encode())
+    digest.update(b"\0cudnn-frontend " + cudnn_frontend_version(root).encode())
     return digest.hexdigest()
 
 

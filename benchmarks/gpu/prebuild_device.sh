@@ -45,6 +45,11 @@ rm -rf "$work/src/csrc"
 (cd "$repo" && git ls-files -z -c -o --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$work/src"
 
 cd "$work/src"
+# The cuDNN backend's headers: the same carried copy the device run sends (make cudnn-frontend-carry), so the
+# library and the GPU machine's stamp agree on them (build_stamp.py).
+if [[ -z "${ATTN_OPS_CUDNN_FRONTEND_INCLUDE:-}" && -e "$repo/.cudnn_frontend/include/cudnn_frontend.h" ]]; then
+  export ATTN_OPS_CUDNN_FRONTEND_INCLUDE="$repo/.cudnn_frontend/include"
+fi
 start=$SECONDS
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=$arch MAX_JOBS=${MAX_JOBS:-2} ATTN_OPS_CUDA=1 \
   "$venv/bin/python" setup.py -q build_ext --inplace
