@@ -7,9 +7,7 @@
 #include "attention/validation.h"
 #include "common/attention_call.h"
 
-#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
 
 #include <optional>
 #include <tuple>
@@ -46,10 +44,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_on(
     const std::optional<at::Tensor>& cu_seqlens_k, std::optional<c10::SymInt> max_seqlen_q,
     std::optional<c10::SymInt> max_seqlen_k, int64_t attention_chunk, const std::optional<at::Tensor>& alibi_slopes,
     bool deterministic) {
-  AttentionBackwardCall call = prepare_attention_backward(
+  const AttentionBackwardCall call = prepare_attention_backward(
       dout, q, k, v, out, lse, dlse, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
-      size_hint(max_seqlen_q), size_hint(max_seqlen_k), PatternOptions{std::nullopt, alibi_slopes, attention_chunk});
-  call.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
+      size_hint(max_seqlen_q), size_hint(max_seqlen_k), PatternOptions{std::nullopt, alibi_slopes, attention_chunk},
+      deterministic);
   auto [dq, dk, dv] = empty_attention_grads(q, k, v);
   if constexpr (backward != nullptr) {
     backward(call, dq, dk, dv);
@@ -73,11 +71,10 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q
                                                              const std::optional<at::Tensor>& alibi_slopes,
                                                              int64_t num_splits) {
   const KvCacheRows rows{cu_seqlens_q, size_hint(max_seqlen_q), cache_batch_idx, cache_leftpad};
-  AttentionCall call = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
-                                                      window_left, window_right, softcap, rows,
-                                                      PatternOptions{sinks, alibi_slopes, attention_chunk});
-  TORCH_CHECK(num_splits >= 0, call.op, ": num_splits must be >= 0 (0: automatic, 1: no split), got ", num_splits);
-  call.num_splits = num_splits;
+  const AttentionCall call = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale,
+                                                            causal, window_left, window_right, softcap, rows,
+                                                            PatternOptions{sinks, alibi_slopes, attention_chunk},
+                                                            num_splits);
   auto [out, lse] = empty_out_lse(call.outputs, q.options());
   if constexpr (forward != nullptr) {
     forward(call, out, lse);

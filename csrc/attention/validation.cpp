@@ -175,7 +175,8 @@ AttentionBackwardCall prepare_attention_backward(const at::Tensor& dout, const a
                                                  double softcap, const std::optional<at::Tensor>& cu_seqlens_q,
                                                  const std::optional<at::Tensor>& cu_seqlens_k,
                                                  std::optional<int64_t> max_seqlen_q,
-                                                 std::optional<int64_t> max_seqlen_k, const PatternOptions& patterns) {
+                                                 std::optional<int64_t> max_seqlen_k, const PatternOptions& patterns,
+                                                 bool deterministic) {
   AttentionBackwardCall call;
   call.op = "attn_ops.attention_backward";
   set_operands(call, q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
@@ -185,6 +186,7 @@ AttentionBackwardCall prepare_attention_backward(const at::Tensor& dout, const a
   call.lse = lse;
   call.dlse = dlse;
   call.patterns = patterns;
+  call.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
   check_attention_inputs(call);
   check_attention_backward_inputs(call);
   return call;

@@ -15,7 +15,8 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
                                              const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                              const std::optional<at::Tensor>& block_table, std::optional<double> scale,
                                              bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                             const KvCacheRows& rows, const PatternOptions& patterns) {
+                                             const KvCacheRows& rows, const PatternOptions& patterns,
+                                             int64_t num_splits) {
   const char* op = "attn_ops.attention_with_kvcache";
   const bool paged = block_table.has_value();
   if (rows.packed()) {
@@ -56,6 +57,7 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
   check_head_dims(op, s.head_dim_qk, s.head_dim_v);
   check_score_options(op, q.scalar_type(), scale, window_left, window_right, softcap);
   check_pattern_options(op, q, s.batch, s.heads_q, patterns);
+  TORCH_CHECK(num_splits >= 0, op, ": num_splits must be >= 0 (0: automatic, 1: no split), got ", num_splits);
 
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
                      cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == s.batch,
@@ -90,6 +92,7 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
   s.window_right = window_right;
   s.softcap = softcap;
   s.patterns = patterns;
+  s.num_splits = num_splits;
   const c10::ScalarType lse_dtype = attention_lse_dtype(q.scalar_type());
   s.outputs = rows.packed() ? OutLseSizes{{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}, lse_dtype}
                        : OutLseSizes{{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q},

@@ -74,8 +74,7 @@ AttentionProblem make_problem(const AttentionCall& call) {
     p.sinks.assign(sinks.const_data_ptr<double>(), sinks.const_data_ptr<double>() + p.heads_q);
   }
   if (call.patterns.alibi_slopes.has_value()) {  // [heads_q] or [batch, heads_q]
-    const at::Tensor slopes =
-        call.patterns.alibi_slopes->expand({p.batch, p.heads_q}).contiguous();
+    const at::Tensor slopes = call.patterns.alibi_slopes->expand({p.batch, p.heads_q}).contiguous();
     p.alibi.assign(slopes.const_data_ptr<float>(), slopes.const_data_ptr<float>() + p.batch * p.heads_q);
   }
   return p;

@@ -314,8 +314,7 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
         const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
         const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);
         online_softmax_step(srow, n, lo, hi, a.softcap, a.alibi_row(head, r, k0), a.row_max[head * rows + r],
-                            a.row_sum[head * rows + r],
-                            out + (head * np + r) * Dv, Dv);
+                            a.row_sum[head * rows + r], out + (head * np + r) * Dv, Dv);
         convert_row(srow, p + r * tile, n);
         std::fill(p + r * tile + n, p + r * tile + n_pad, bf16(0));
       }

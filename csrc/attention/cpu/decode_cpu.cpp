@@ -46,7 +46,8 @@ struct DecodeScratch {
         key_tile(gemm_tile * dqk), value_tile(gemm_tile * dv),
         q_t(gemm_tile > 0 ? std::max(heads * dqk, gemm_tile + heads * dv) * gemm_rows_padded(rows) : 0),
         row_max(heads * rows), row_sum(heads * rows), out(heads * rows * dv), lse(heads * rows), key_lo(rows),
-        key_hi(rows), position(rows), alibi(alibi_slopes ? heads * rows : 0), key_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
+        key_hi(rows), position(rows), alibi(alibi_slopes ? heads * rows : 0),
+        key_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         value_rows(2 * std::max(heads * kDecodeChunk, gemm_tile)),
         lowp(gemm_tile > 0 && !std::is_same_v<scalar_t, acc_t>
                  ? heads * dqk * gemm_rows_padded(rows) + gemm_tile * (dqk + dv + gemm_rows_padded(rows))

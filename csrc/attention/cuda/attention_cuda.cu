@@ -47,7 +47,8 @@ LseLayout lse_layout(const at::Tensor& lse, bool varlen) {
 // chunk of length longest + 1, which keeps the kernels' index arithmetic far from overflow.
 Window make_window(const AttentionCall& call, int64_t longest) {
   const int64_t left = call.window_left, right = call.effective_window_right();
-  return Window{left > longest ? -1 : left, right > longest ? -1 : right, std::min(call.patterns.attention_chunk, longest + 1)};
+  return Window{left > longest ? -1 : left, right > longest ? -1 : right,
+                std::min(call.patterns.attention_chunk, longest + 1)};
 }
 
 // Checks the values of cu_seqlens_q / cu_seqlens_k on the device (against max_seqlen_* when given) and
@@ -183,7 +184,7 @@ void sequences_forward(const AttentionCall& call, const at::Tensor& out, const a
 // Where a call runs (attention/cuda/backend_route.h), recorded for _cuda_last_route: true when cuDNN ran it
 // (`run_cudnn(&why)`), false when attn_ops' kernels must (the router's reason, or why cuDNN had no plan).
 template <typename Decide, typename RunCudnn>
-bool ran_on_cudnn(const char* pass, const char* op, const Decide& decide, const RunCudnn& run_cudnn) {
+bool ran_on_cudnn(const char* stage, const char* op, const Decide& decide, const RunCudnn& run_cudnn) {
 #ifdef ATTN_OPS_WITH_CUDNN
   const CudnnFacts facts = cudnn_facts();
 #else
@@ -194,13 +195,13 @@ bool ran_on_cudnn(const char* pass, const char* op, const Decide& decide, const 
   if (route.backend == AttentionBackend::cudnn) {
     std::string why;
     if (run_cudnn(&why)) {
-      record_route(pass, "cudnn: " + route.reason);
+      record_route(stage, "cudnn: " + route.reason);
       return true;
     }
     TORCH_CHECK(request != BackendRequest::cudnn, op, ": ATTN_OPS_ATTENTION_BACKEND=cudnn, but ", why);
     route = RouteDecision{AttentionBackend::native, why};
   }
-  record_route(pass, "native: " + route.reason);
+  record_route(stage, "native: " + route.reason);
   return false;
 }
 
