@@ -5,6 +5,7 @@ is in; the backward is bitwise repeatable (the CPU's always; CUDA's with determi
 """
 import pytest
 import torch
+from torch.library import opcheck
 
 import attn_ops
 from error_helpers import expect_error
@@ -101,6 +102,30 @@ def test_flash_attn_functions_pass_them_on():
     out = flash_attn_func(x, x, x, causal=True, deterministic=True)
     assert torch.equal(out, attn_ops.attention(x, x, x, causal=True)[0])
     out.sum().backward()
+
+
+def test_opcheck_and_compile():
+    q, kc, vc, lens = cache_batch(2, capacity=64, dtype=torch.float32)
+    opcheck(torch.ops.attn_ops.attention_with_kvcache.default, (q, kc, vc, lens), dict(num_splits=1))
+    x = torch.randn(1, 24, 4, 16, requires_grad=True)
+    opcheck(torch.ops.attn_ops.attention.default, (x, x, x), dict(causal=True, deterministic=True))
+    out, lse = attn_ops.attention(x, x, x, causal=True)
+    opcheck(torch.ops.attn_ops.attention_backward.default,
+            (torch.randn_like(out), x.detach(), x.detach(), x.detach(), out.detach(), lse.detach()),
+            dict(causal=True, deterministic=True))
+
+    def step(q, k, v, kc, vc, lens):
+        out, _ = torch.ops.attn_ops.attention(q, k, v, causal=True, deterministic=True)
+        decode, _ = torch.ops.attn_ops.attention_with_kvcache(q[:, -1:].detach(), kc, vc, lens, num_splits=1)
+        return out.sum() + decode.sum()
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for T in (17, 29):
+        inputs = [torch.randn(2, T, h, 64, requires_grad=True) for h in (8, 2, 2)]
+        grads = torch.autograd.grad(compiled(*inputs, kc, vc, lens), inputs)
+        expected = torch.autograd.grad(step(*inputs, kc, vc, lens), inputs)
+        for a, b in zip(grads, expected):
+            torch.testing.assert_close(a, b)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
