@@ -157,6 +157,8 @@ def kv_cache_append(
     cache_seqlens: Tensor,
     *,
     cache_batch_idx: Optional[Tensor] = None,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
 ) -> None:
     """Write new keys/values into a contiguous KV cache, in place.
 
@@ -167,20 +169,35 @@ def kv_cache_append(
     goes to cache row ``cache_batch_idx[b]``. Rows may repeat (FlashAttention's padding rows pointing at one spare
     row): where two batch rows write the same cache position, the higher batch row's token lands, on every
     backend; positions only one of them writes all land.
-    Every check (shapes, dtypes, capacity, batch indices) runs before anything is written.
+    8-bit caches (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``, CPU; ``k`` / ``v`` float16, bfloat16 or
+    float32) store ``saturate(k / k_scale)`` (and ``v / v_scale``) rounded to nearest even, saturating at the
+    format's largest finite value (448 / 57344); NaN stays NaN. The scales are float32 tensors of one value
+    (``[]`` or ``[1]``) or one per KV head (``[Hkv]``), default 1; give :func:`attention_with_kvcache` the same.
+    Every check (shapes, dtypes, scales, capacity, batch indices) runs before anything is written.
     """
-    torch.ops.attn_ops.kv_cache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=cache_batch_idx)
+    torch.ops.attn_ops.kv_cache_append(
+        k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=cache_batch_idx, k_scale=k_scale, v_scale=v_scale
+    )
 
 
-def paged_kv_cache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+def paged_kv_cache_append(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor,
+    v: Tensor,
+    slot_mapping: Tensor,
+    *,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
+) -> None:
     """Write tokens into a paged KV cache, in place (vLLM's layout).
 
     ``k_cache`` ``[num_blocks, block_size, Hkv, Dk]`` (any block size, 1 included), ``k`` ``[N, Hkv, Dk]``;
     token ``i`` goes to block ``slot_mapping[i] // block_size``, offset ``slot_mapping[i] % block_size``
-    (int32 or int64; ``-1`` skips the token). The slots of one call should be distinct. Every check runs
-    before anything is written.
+    (int32 or int64; ``-1`` skips the token). The slots of one call should be distinct. 8-bit caches and
+    ``k_scale`` / ``v_scale`` as in :func:`kv_cache_append`. Every check runs before anything is written.
     """
-    torch.ops.attn_ops.paged_kv_cache_append(k_cache, v_cache, k, v, slot_mapping)
+    torch.ops.attn_ops.paged_kv_cache_append(k_cache, v_cache, k, v, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 
 def attention_with_kvcache(
@@ -203,6 +220,8 @@ def attention_with_kvcache(
     attention_chunk: int = 0,
     alibi_slopes: Optional[Tensor] = None,
     num_splits: int = 0,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention of new queries over a KV cache: decode (``Tq = 1``), chunked prefill, speculative verification.
 
@@ -227,6 +246,10 @@ def attention_with_kvcache(
     ``num_splits``: the most pieces each row's keys are cut into for parallel work (0: automatic; 1: none, which
     makes a decode row's result independent of the other rows of the batch, bit for bit).
 
+    8-bit caches (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``, CPU so far; ``q`` float16, bfloat16 or
+    float32): keys read as ``k_cache * k_scale`` and values as ``v_cache * v_scale`` (float32 ``[]``, ``[1]``
+    or ``[Hkv]``, default 1), converted as they are read; ``q`` and the outputs keep their dtype.
+
     Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])`` (packed: ``out [total_q, Hq, Dv]``, ``lse [Hq, total_q]``);
     a row with an empty cache gives zeros and ``-inf``. Not differentiable (inference op).
     """
@@ -249,6 +272,8 @@ def attention_with_kvcache(
         attention_chunk=attention_chunk,
         alibi_slopes=alibi_slopes,
         num_splits=num_splits,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
 
 
@@ -320,6 +345,7 @@ def mla_cache_append(
     cache_seqlens: Optional[Tensor] = None,
     slot_mapping: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None,
+    kv_scale: Optional[Tensor] = None,
 ) -> None:
     """Write MLA latent rows ``[c_kv ; k_pe]`` into a latent cache, in place.
 
@@ -328,10 +354,13 @@ def mla_cache_append(
     lengths are not changed). Paged (give ``slot_mapping``, int32/int64 ``[N]``, ``-1`` skips):
     ``latent_cache`` ``[num_blocks, block_size, d_c + d_rope]``, ``c_kv`` ``[N, d_c]``, ``k_pe`` ``[N, d_rope]``.
     With ``cache_batch_idx`` (contiguous only; int32 ``[B]``, distinct) row ``b`` goes to cache row
-    ``cache_batch_idx[b]`` of a cache with any number of rows. Every check runs before anything is written.
+    ``cache_batch_idx[b]`` of a cache with any number of rows. An 8-bit ``latent_cache`` (``torch.float8_e4m3fn``
+    / ``torch.float8_e5m2``, CPU) stores every column as ``saturate(x / kv_scale)`` (float32 ``[]`` or ``[1]``,
+    default 1), as :func:`kv_cache_append` does. Every check runs before anything is written.
     """
     torch.ops.attn_ops.mla_cache_append(latent_cache, c_kv, k_pe, cache_seqlens=cache_seqlens,
-                                        slot_mapping=slot_mapping, cache_batch_idx=cache_batch_idx)
+                                        slot_mapping=slot_mapping, cache_batch_idx=cache_batch_idx,
+                                        kv_scale=kv_scale)
 
 
 def mla_decode(
@@ -347,6 +376,7 @@ def mla_decode(
     max_seqlen_q: Optional[int] = None,
     cache_batch_idx: Optional[Tensor] = None,
     cache_leftpad: Optional[Tensor] = None,
+    kv_scale: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Absorbed MLA attention (DeepSeek-V2/V3 inference) over a latent cache.
 
@@ -359,6 +389,7 @@ def mla_decode(
 
     ``cu_seqlens_q``, ``max_seqlen_q``, ``cache_batch_idx`` and ``cache_leftpad`` work as in
     :func:`attention_with_kvcache` (packed ``q_latent`` ``[total_q, H, d_c]`` / ``q_rope`` ``[total_q, H, d_rope]``).
+    An 8-bit ``latent_cache`` reads as ``latent_cache * kv_scale`` (every column, latent and rope alike).
 
     Returns ``(out_latent [B, Tq, H, d_c], lse [B, H, Tq])`` (packed: ``[total_q, H, d_c]``, ``[H, total_q]``).
     Not differentiable (inference op).
@@ -366,7 +397,7 @@ def mla_decode(
     return torch.ops.attn_ops.mla_decode(q_latent, q_rope, latent_cache, cache_seqlens, scale=scale,
                                          block_table=block_table, causal=causal, cu_seqlens_q=cu_seqlens_q,
                                          max_seqlen_q=max_seqlen_q, cache_batch_idx=cache_batch_idx,
-                                         cache_leftpad=cache_leftpad)
+                                         cache_leftpad=cache_leftpad, kv_scale=kv_scale)
 
 
 def additive_attention(

@@ -159,11 +159,7 @@ def main():
              f"- shapes: Hq {args.hq}, Hkv {args.hkv}, D {args.head_dim}; fwdbwd B=1 T={args.seqlen}; decode "
              f"B={args.batch} context {args.context}; medians of {args.rounds} calls in turn", "",
              reporting.markdown_table(["case", "dtype", "layer", "attn_ops", "eager", "speedup"], rows)]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
+    reporting.print_and_write(lines, args.out)
 
 
 if __name__ == "__main__":

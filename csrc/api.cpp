@@ -37,20 +37,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 }
 
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cache_batch_idx) {
+                     const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cache_batch_idx,
+                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::kv_cache_append", "")
                              .typed<decltype(kv_cache_append)>();
-  op.call(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx);
+  op.call(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, k_scale, v_scale);
 }
 
 void paged_kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& slot_mapping) {
+                           const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
+                           const std::optional<at::Tensor>& v_scale) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::paged_kv_cache_append", "")
-                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&)>();
-  op.call(k_cache, v_cache, k, v, slot_mapping);
+                             .typed<decltype(paged_kv_cache_append)>();
+  op.call(k_cache, v_cache, k, v, slot_mapping, k_scale, v_scale);
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
@@ -65,13 +66,15 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(const at::Tensor& q, c
                                                           const std::optional<at::Tensor>& sinks,
                                                           int64_t attention_chunk,
                                                           const std::optional<at::Tensor>& alibi_slopes,
-                                                          int64_t num_splits) {
+                                                          int64_t num_splits,
+                                                          const std::optional<at::Tensor>& k_scale,
+                                                          const std::optional<at::Tensor>& v_scale) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::attention_with_kvcache", "")
                              .typed<decltype(attention_with_kvcache)>();
   return op.call(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, window_left, window_right, softcap,
                  cu_seqlens_q, max_seqlen_q, cache_batch_idx, cache_leftpad, sinks, attention_chunk, alibi_slopes,
-                 num_splits);
+                 num_splits, k_scale, v_scale);
 }
 
 at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -92,11 +95,11 @@ void rotary_embedding_(const at::Tensor& x, const at::Tensor& cos, const at::Ten
 
 void mla_cache_append(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                       const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& slot_mapping,
-                      const std::optional<at::Tensor>& cache_batch_idx) {
+                      const std::optional<at::Tensor>& cache_batch_idx, const std::optional<at::Tensor>& kv_scale) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::mla_cache_append", "")
                              .typed<decltype(mla_cache_append)>();
-  op.call(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
+  op.call(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx, kv_scale);
 }
 
 std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope,
@@ -105,12 +108,13 @@ std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const 
                                               bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
                                               std::optional<c10::SymInt> max_seqlen_q,
                                               const std::optional<at::Tensor>& cache_batch_idx,
-                                              const std::optional<at::Tensor>& cache_leftpad) {
+                                              const std::optional<at::Tensor>& cache_leftpad,
+                                              const std::optional<at::Tensor>& kv_scale) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("attn_ops::mla_decode", "")
                              .typed<decltype(mla_decode)>();
   return op.call(q_latent, q_rope, latent_cache, cache_seqlens, scale, block_table, causal, cu_seqlens_q, max_seqlen_q,
-                 cache_batch_idx, cache_leftpad);
+                 cache_batch_idx, cache_leftpad, kv_scale);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> additive_attention(const at::Tensor& qp, const at::Tensor& kp,

@@ -74,14 +74,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 // k_cache [batch, capacity, heads_kv, head_dim] at each row's current length cache_seqlens[b] (int32).
 // With cache_batch_idx (int32 [batch]), row b goes to cache row cache_batch_idx[b] of a cache with any number of
 // rows; repeated rows are allowed: where two batch rows write one position, the higher batch row's token lands.
+// 8-bit caches (float8_e4m3fn / float8_e5m2, CPU) store saturate(k / k_scale) (v / v_scale): float32 scales of
+// shape [] / [1] / [heads_kv], default 1 (docs/kvcache_api.md).
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& cache_seqlens,
-                     const std::optional<at::Tensor>& cache_batch_idx = std::nullopt);
+                     const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
+                     const std::optional<at::Tensor>& k_scale = std::nullopt,
+                     const std::optional<at::Tensor>& v_scale = std::nullopt);
 
 // Writes k [num_tokens, heads_kv, head_dim] (and v) into the paged cache [num_blocks, block_size, heads_kv,
 // head_dim] at slot_mapping[i] (block * block_size + offset; -1 skips the token).
 void paged_kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& slot_mapping);
+                           const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale = std::nullopt,
+                           const std::optional<at::Tensor>& v_scale = std::nullopt);
 
 // Attention of q [batch, seqlen_q, heads_q, head_dim] (the last seqlen_q positions of each row) over the
 // first cache_seqlens[b] keys of a contiguous cache, or of a paged one when block_table is given.
@@ -111,7 +116,10 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache(
     const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
     // The most key splits a row's keys are cut into (0: automatic; 1: none, so that a row's result does not
     // depend on the other rows of the batch).
-    int64_t num_splits = 0);
+    int64_t num_splits = 0,
+    // An 8-bit cache's dequantization scales (float32 [] / [1] / [heads_kv]): keys read as k_cache * k_scale.
+    const std::optional<at::Tensor>& k_scale = std::nullopt,
+    const std::optional<at::Tensor>& v_scale = std::nullopt);
 
 // Rotary position embedding (docs/rotary_api.md): x [..., heads, head_dim] rotated at positions (int32 /
 // int64 [...], x's leading dims) by the tables cos / sin [max_positions, rotary_dim / 2] (float32 or x's
@@ -129,7 +137,8 @@ void rotary_embedding_(const at::Tensor& x, const at::Tensor& cos, const at::Ten
 void mla_cache_append(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                       const std::optional<at::Tensor>& cache_seqlens = std::nullopt,
                       const std::optional<at::Tensor>& slot_mapping = std::nullopt,
-                      const std::optional<at::Tensor>& cache_batch_idx = std::nullopt);
+                      const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
+                      const std::optional<at::Tensor>& kv_scale = std::nullopt);
 
 // MLA absorbed decode: q_latent [batch, seqlen_q, heads, d_c], q_rope [batch, seqlen_q, heads, d_rope] over
 // the latent cache -> out_latent [batch, seqlen_q, heads, d_c], lse [batch, heads, seqlen_q].
@@ -140,7 +149,8 @@ std::tuple<at::Tensor, at::Tensor> mla_decode(const at::Tensor& q_latent, const 
                                               const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
                                               std::optional<c10::SymInt> max_seqlen_q = std::nullopt,
                                               const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
-                                              const std::optional<at::Tensor>& cache_leftpad = std::nullopt);
+                                              const std::optional<at::Tensor>& cache_leftpad = std::nullopt,
+                                              const std::optional<at::Tensor>& kv_scale = std::nullopt);
 
 // Additive (Bahdanau) attention, score_ij = w . tanh(qp_i + kp_j), streamed over keys (never
 // [batch, query_len, key_len, hidden]): qp [batch, query_len, hidden], kp [batch, key_len, hidden], w [hidden],

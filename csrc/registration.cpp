@@ -24,17 +24,18 @@ TORCH_LIBRARY(attn_ops, m) {
   // docs/kvcache_api.md.
   m.def(
       "kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens, *, "
-      "Tensor? cache_batch_idx=None) -> ()");
+      "Tensor? cache_batch_idx=None, Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
   m.def(
       "paged_kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
-      "Tensor slot_mapping) -> ()");
+      "Tensor slot_mapping, *, Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
   // Attention of the last seqlen_q positions of each row over its contiguous or paged KV cache.
   m.def(
       "attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, *, "
       "Tensor? block_table=None, float? scale=None, bool causal=True, int window_left=-1, "
       "int window_right=-1, float softcap=0.0, Tensor? cu_seqlens_q=None, SymInt? max_seqlen_q=None, "
       "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, Tensor? sinks=None, int attention_chunk=0, "
-      "Tensor? alibi_slopes=None, int num_splits=0) -> (Tensor out, Tensor lse)");
+      "Tensor? alibi_slopes=None, int num_splits=0, Tensor? k_scale=None, Tensor? v_scale=None) "
+      "-> (Tensor out, Tensor lse)");
 
   // Rotary position embedding (half-split or interleaved pairs), out of place (differentiable) or in
   // place. Semantics: docs/rotary_api.md.
@@ -49,11 +50,12 @@ TORCH_LIBRARY(attn_ops, m) {
   // Semantics: docs/mla_api.md.
   m.def(
       "mla_cache_append(Tensor(a!) latent_cache, Tensor c_kv, Tensor k_pe, *, Tensor? cache_seqlens=None, "
-      "Tensor? slot_mapping=None, Tensor? cache_batch_idx=None) -> ()");
+      "Tensor? slot_mapping=None, Tensor? cache_batch_idx=None, Tensor? kv_scale=None) -> ()");
   m.def(
       "mla_decode(Tensor q_latent, Tensor q_rope, Tensor latent_cache, Tensor cache_seqlens, *, float scale, "
       "Tensor? block_table=None, bool causal=True, Tensor? cu_seqlens_q=None, SymInt? max_seqlen_q=None, "
-      "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None) -> (Tensor out_latent, Tensor lse)");
+      "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, Tensor? kv_scale=None) "
+      "-> (Tensor out_latent, Tensor lse)");
 
   // Additive (Bahdanau) attention, w . tanh(qp_i + kp_j), streamed over keys. Always three outputs
   // (fixed arity for torch.compile): weights is [batch, query_len, key_len] when return_weights, else

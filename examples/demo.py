@@ -25,6 +25,10 @@ latent K/V of kv_lora_rank values plus one shared rotary key per token, interlea
                                 kv_b_proj into a torch-tensor K/V cache, SDPA with an explicit mask
 
 with the cache bytes per token of the latent cache next to those of the full K/V cache.
+After each model's run (CPU), the same generation over a float8_e4m3fn cache (KVCache / LatentKVCache with
+scales calibrated on the full-width run's cache): its bytes per token and decode tokens/s next to the full-width
+cache's, the steps whose greedy token equals the full-width run's, and the logits' difference while they agree
+(a divergence is reported, with the margin it flipped, not failed).
 Then one line each compares the attention ops alone with SDPA (prefill and decode shapes).
 
     python examples/demo.py                       # float32, CPU, < 1 minute on 2 cores
@@ -213,10 +217,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def generate(model, kind, prompts, lens, new_tokens, args, feed=None):
+def generate(model, kind, prompts, lens, new_tokens, args, feed=None, scales=None):
     """Greedy generation. Returns (tokens [B, new_tokens] it fed, its own argmax per step,
-    logits per step [new_tokens, B, V] (float32), prefill s, decode s, cache bytes, bytes per token).
-    feed: tokens [B, new_tokens] to feed instead of its own choices (teacher forcing)."""
+    logits per step [new_tokens, B, V] (float32), prefill s, decode s, cache bytes, bytes per token, the cache).
+    feed: tokens [B, new_tokens] to feed instead of its own choices (teacher forcing). Kinds ending in "_8bit"
+    store the cache in float8_e4m3fn with `scales` (KVCache: (k_scale, v_scale); LatentKVCache: kv_scale)."""
     B, P = prompts.shape
     dev, dtype = prompts.device, model.lm_head.weight.dtype
     cfg = model.layers[0].self_attn
@@ -226,6 +231,12 @@ def generate(model, kind, prompts, lens, new_tokens, args, feed=None):
     nb = -(-cap // bs)
     if kind == "kvcache":
         cache = KVCache(L, B, cap, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=dev)
+    elif kind == "kvcache_8bit":
+        cache = KVCache(L, B, cap, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float8_e4m3fn, device=dev,
+                        k_scale=scales[0], v_scale=scales[1])
+    elif kind == "latent_8bit":
+        cache = LatentKVCache(L, B, cap, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dtype=torch.float8_e4m3fn,
+                              device=dev, kv_scale=scales)
     elif kind == "paged":
         cache = PagedKVCache(L, B * nb, bs, cfg.num_kv_heads, cfg.head_dim, B, nb, dtype=dtype,
                              device=dev)
@@ -275,7 +286,7 @@ def generate(model, kind, prompts, lens, new_tokens, args, feed=None):
         sync(dev.type)
         t2 = time.perf_counter()
     return (torch.stack(fed, 1), torch.stack(own, 1), torch.stack(logits_all), t1 - t0, t2 - t1,
-            cache.nbytes, cache.bytes_per_token)
+            cache.nbytes, cache.bytes_per_token, cache)
 
 
 def compare(name, lead, other, dtype, lead_name="attn_ops KVCache"):
@@ -357,6 +368,55 @@ def ops_vs_sdpa(args, dtype, Hq, Hkv, D):
 
 
 # --------------------------------------------------------------------------------------------------
+# 8-bit caches
+# --------------------------------------------------------------------------------------------------
+def calibrated_scale(tensors, heads_dim):
+    """amax / 448 over every layer's cache (per KV head when heads_dim is given): the scale that maps the largest
+    value the full-width run cached to float8_e4m3fn's largest finite value, as serving engines calibrate."""
+    dims = [d for d in range(tensors[0].dim()) if d != heads_dim]
+    amax = torch.stack([t.float().abs().amax(dim=dims) for t in tensors]).amax(0)
+    return (amax / torch.finfo(torch.float8_e4m3fn).max).clamp_min(1e-12)
+
+
+def run_8bit(model, kind, kind_8bit, label, run_16bit, prompts, lens, args, checked_steps=32):
+    """Generate freely with the float8_e4m3fn cache (scales calibrated on the full-width run's cache) and report:
+    cache bytes per token and decode tokens/s against the full-width cache, the steps whose greedy token equals the
+    full-width run's (rows agree until they first diverge: after that their histories differ), and the logits'
+    difference from the full-width run while they agree. A divergence is reported, not failed: 8-bit values carry
+    3 mantissa bits."""
+    cache16 = run_16bit[7]
+    if kind_8bit == "kvcache_8bit":
+        scales = (calibrated_scale(cache16.k, -2), calibrated_scale(cache16.v, -2))
+    else:
+        scales = calibrated_scale(cache16.latent, None).reshape(1)
+    generate(model, kind_8bit, prompts[:, :8], torch.full_like(lens, 8), 3, args, scales=scales)  # warm-up
+    r8 = generate(model, kind_8bit, prompts, lens, args.new_tokens, args, scales=scales)
+    B, N = prompts.shape[0], args.new_tokens
+    t16, t8 = run_16bit[4], r8[4]
+    wide = str(run_16bit[7].dtype).replace("torch.", "")
+    print(f"  {label}: cache {r8[6]} B/token vs {run_16bit[6]} B/token in {wide} ({run_16bit[6] / r8[6]:.1f}x "
+          f"smaller), decode {B * (N - 1) / t8:.1f} tok/s vs {B * (N - 1) / t16:.1f} ({t16 / t8:.2f}x)")
+    steps = min(checked_steps, N)
+    same = r8[1][:, :steps] == run_16bit[0][:, :steps]                       # [B, steps]
+    first_diff = [int((~row).nonzero()[0]) if not row.all() else steps for row in same]
+    agree = torch.zeros(steps, B, dtype=torch.bool)
+    for b, d in enumerate(first_diff):
+        agree[:d, b] = True
+    err = (r8[2][:steps] - run_16bit[2][:steps]).abs().amax(-1)[agree]     # logits while histories agree
+    rel = float(err.max() / run_16bit[2][:steps].abs().max()) if err.numel() else float("nan")
+    line = (f"    same greedy tokens as the {wide} cache for the first {steps} steps in "
+            f"{sum(d == steps for d in first_diff)}/{B} rows; max|logits - {wide}| / max|logits| = {rel:.1e}")
+    moved = (r8[2][:steps] - run_16bit[2][:steps]).abs().amax(-1)         # [steps, B]
+    for b, d in enumerate(first_diff):
+        if d < steps:
+            top2 = run_16bit[2][d, b].topk(2).values
+            line += (f"\n    row {b} diverges at step {d}: {wide} chose {int(run_16bit[0][b, d])}, 8-bit "
+                     f"{int(r8[1][b, d])}; the {wide} run's top two logits were {float(top2[0] - top2[1]):.3g} apart, "
+                     f"the 8-bit cache moved the logits by up to {float(moved[d, b]):.3g}")
+    print(line)
+
+
+# --------------------------------------------------------------------------------------------------
 def run_generation(model, kinds, names, prompts, lens, args, dtype):
     """Warm up, generate with kinds[0], feed its tokens to the others; print the table and the checks.
     Returns (ok, runs)."""
@@ -427,7 +487,11 @@ def main() -> int:
           + (f", sliding window {args.sliding_window}" if args.sliding_window else ""))
     names = {"kvcache": "attn_ops KVCache", "paged": f"attn_ops PagedKVCache(bs={args.block_size})",
              "torch": "plain PyTorch (SDPA, no op)"}
-    ok, _ = run_generation(model, ["kvcache", "paged", "torch"], names, prompts, lens, args, dtype)
+    ok, runs = run_generation(model, ["kvcache", "paged", "torch"], names, prompts, lens, args, dtype)
+    if args.device == "cpu":  # 8-bit caches run on the CPU only so far
+        run_8bit(model, "kvcache", "kvcache_8bit", "attn_ops KVCache(float8_e4m3fn)", runs["kvcache"], prompts,
+                 lens, args)
+        print()
 
     # ---- the MLA (DeepSeek-style) model: same skeleton, MultiHeadLatentAttention layers ----------
     mla = dict(q_lora_rank=args.mla_q_lora_rank or None, kv_lora_rank=args.mla_kv_lora_rank,
@@ -448,6 +512,9 @@ def main() -> int:
     mla_ok, runs = run_generation(mla_model, ["latent", "latent_paged", "torch_mla"], names, prompts,
                                   lens, args, dtype)
     ok &= mla_ok
+    if args.device == "cpu":
+        run_8bit(mla_model, "latent", "latent_8bit", "attn_ops LatentKVCache(float8_e4m3fn)", runs["latent"],
+                 prompts, lens, args)
     latent_bpt, full_bpt = runs["latent"][6], runs["torch_mla"][6]
     el = torch.finfo(dtype).bits // 8
     print(f"  cache per token: latent {latent_bpt} B ({args.layers} layers x (kv_lora_rank {m.kv_lora_rank} + "

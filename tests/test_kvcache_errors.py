@@ -83,7 +83,7 @@ def test_append_ranks(device):
                          ids=lambda d: str(d).replace("torch.", ""))
 def test_append_cache_dtype(bad, device):
     name = str(bad).replace("torch.", "")
-    raises(APP, f"k_cache must be float16, bfloat16, float32 or float64, got {name}",
+    raises(APP, f"k_cache must be float16, bfloat16, float32, float64, float8_e4m3fn or float8_e5m2, got {name}",
            *app_args(device, dtype=bad))
 
 
@@ -215,7 +215,7 @@ def test_paged_ranks(device):
                          ids=lambda d: str(d).replace("torch.", ""))
 def test_paged_cache_dtype(bad, device):
     name = str(bad).replace("torch.", "")
-    raises(PAG, f"k_cache must be float16, bfloat16, float32 or float64, got {name}",
+    raises(PAG, f"k_cache must be float16, bfloat16, float32, float64, float8_e4m3fn or float8_e5m2, got {name}",
            *pag_args(device, dtype=bad))
 
 

@@ -115,9 +115,11 @@ def test_append_k_pe_rank(device):
                          ids=lambda d: str(d).replace("torch.", ""))
 def test_append_cache_dtype(bad, device):
     name = str(bad).replace("torch.", "")
-    raises(APP, f"latent_cache must be float16, bfloat16, float32 or float64, got {name}",
+    raises(APP, f"latent_cache must be float16, bfloat16, float32, float64, float8_e4m3fn or float8_e5m2, "
+                f"got {name}",
            *app(device, dtype=bad)[0], **app(device)[1])
-    raises(APP, f"latent_cache must be float16, bfloat16, float32 or float64, got {name}",
+    raises(APP, f"latent_cache must be float16, bfloat16, float32, float64, float8_e4m3fn or float8_e5m2, "
+                f"got {name}",
            *pag(device, dtype=bad)[0], **pag(device)[1])
 
 

@@ -29,6 +29,24 @@ def _row_list(rows: Rows, n: int, what: str) -> List[int]:
     return rows
 
 
+CACHE_8BIT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _cache_scale(name: str, scale, dtype: torch.dtype, heads: int, device) -> Optional[Tensor]:
+    """The dequantization scale an 8-bit cache keeps (float32 ``[1]`` or ``[heads]`` on the cache's device; default
+    1), or None for a 16/32-bit cache, which takes no scale. The ops check the values at their first use."""
+    if dtype not in CACHE_8BIT_DTYPES:
+        if scale is not None:
+            raise ValueError(f"{name} applies to 8-bit caches (torch.float8_e4m3fn, torch.float8_e5m2) only, "
+                             f"got dtype={dtype}")
+        return None
+    t = torch.as_tensor(1.0 if scale is None else scale, dtype=torch.float32,
+                        device=_huge_pages.resolve_device(device)).reshape(-1).clone()
+    if t.numel() not in (1, heads):
+        raise ValueError(f"{name} must hold one value or one per KV head ({heads}), got {t.numel()} values")
+    return t
+
+
 class _CacheBase:
     """What every cache shares: lengths, positions, advancing, host-side length management, sizes.
     Subclasses hold their per-layer storage tensors (``[rows, slots, *per_token]``) and list them in

@@ -11,7 +11,7 @@ from torch import Tensor
 from .. import _huge_pages
 from .. import ops as _ops
 from .._checks import check_positive
-from ._base import _CacheBase, _ContiguousRows, _per_layer
+from ._base import _cache_scale, _CacheBase, _ContiguousRows, _per_layer
 from ._paged import _PagedBase
 
 __all__ = ["KVCache", "PagedKVCache"]
@@ -42,6 +42,12 @@ class _KVCacheBase(_CacheBase):
 
     k: List[Tensor]
     v: List[Tensor]
+    k_scale: Optional[Tensor]  # an 8-bit cache's dequantization scales (float32 [1] or [Hkv]), else None
+    v_scale: Optional[Tensor]
+
+    def _init_scales(self, k_scale, v_scale) -> None:
+        self.k_scale = _cache_scale("k_scale", k_scale, self.k[0].dtype, self.num_kv_heads, self.k[0].device)
+        self.v_scale = _cache_scale("v_scale", v_scale, self.k[0].dtype, self.num_kv_heads, self.k[0].device)
 
     def _storage(self) -> List[Tensor]:
         return self.k + self.v
@@ -70,7 +76,7 @@ class _KVCacheBase(_CacheBase):
         out, _ = _ops.attention_with_kvcache(q, k, v, self._rows(self.seqlens, B) + T, block_table=block_table,
                                              scale=scale, causal=True, window_left=window_left, softcap=softcap,
                                              sinks=sinks, attention_chunk=attention_chunk,
-                                             alibi_slopes=alibi_slopes)
+                                             alibi_slopes=alibi_slopes, k_scale=self.k_scale, v_scale=self.v_scale)
         return out
 
 
@@ -87,6 +93,12 @@ class KVCache(_ContiguousRows, _KVCacheBase):
         num_kv_heads, head_dim: the KV heads and head dim of the layers; ``head_dim_v`` defaults to
             ``head_dim``.
 
+    8-bit caches: ``dtype=torch.float8_e4m3fn`` (or ``torch.float8_e5m2``) stores each value as
+    ``saturate(x / k_scale)`` (``v_scale``) in one byte, half the bytes of a bfloat16 cache, and attention reads
+    ``stored * scale``; the scales (a float or a float32 tensor of one value or one per KV head, default 1) are
+    kept as ``k_scale`` / ``v_scale`` tensors on the cache's device: update them in place to recalibrate.
+    Pick them so that ``|x| / scale`` stays within the format's range (448 for e4m3fn, 57344 for e5m2).
+
     The sliding window of a module does not shrink the cache: it must hold the whole sequence. On a Linux
     CPU the storage is in transparent huge pages, as in every cache here (attn_ops/_huge_pages.py).
 
@@ -99,10 +111,11 @@ class KVCache(_ContiguousRows, _KVCacheBase):
 
     def __init__(self, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int,
                  head_dim: int, *, head_dim_v: Optional[int] = None,
-                 dtype: torch.dtype = torch.float32, device=None):
+                 dtype: torch.dtype = torch.float32, device=None, k_scale=None, v_scale=None):
         self._init_rows(num_layers, batch_size, capacity, device)
         self.k, self.v = _allocate_layers(num_layers, (batch_size, capacity), num_kv_heads, head_dim,
                                           head_dim_v, dtype, device)
+        self._init_scales(k_scale, v_scale)
 
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` at the current
@@ -110,7 +123,7 @@ class KVCache(_ContiguousRows, _KVCacheBase):
         self._check_layer(layer_idx)
         B = k.shape[0]
         _ops.kv_cache_append(self._rows(self.k[layer_idx], B), self._rows(self.v[layer_idx], B), k, v,
-                             self._rows(self.seqlens, B))
+                             self._rows(self.seqlens, B), k_scale=self.k_scale, v_scale=self.v_scale)
 
     def __repr__(self) -> str:
         return (f"KVCache(num_layers={self.num_layers}, batch_size={self.batch_size}, "
@@ -133,7 +146,8 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
     next block, ...), so rows that grow together get interleaved, non-contiguous blocks. Freed blocks
     go to the back of the free list. Raises :class:`OutOfBlocksError` (a ``RuntimeError``) when the free
     blocks do not suffice, and ``RuntimeError`` when a row would need more than ``max_blocks_per_seq``
-    blocks; in both cases nothing is assigned.
+    blocks; in both cases nothing is assigned. 8-bit caches (``dtype``, ``k_scale``, ``v_scale``) as
+    :class:`KVCache`.
 
     ``batch_size``: rows of the block table; a forward may use the first ``B <= batch_size``.
 
@@ -145,10 +159,12 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, batch_size: int, max_blocks_per_seq: int, *,
-                 head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None):
+                 head_dim_v: Optional[int] = None, dtype: torch.dtype = torch.float32, device=None,
+                 k_scale=None, v_scale=None):
         self._init_paged(num_layers, num_blocks, block_size, batch_size, max_blocks_per_seq, device)
         self.k, self.v = _allocate_layers(num_layers, (num_blocks, block_size), num_kv_heads, head_dim,
                                           head_dim_v, dtype, device)
+        self._init_scales(k_scale, v_scale)
 
     def append(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """Write ``k [B, T, Hkv, D]`` / ``v [B, T, Hkv, Dv]`` of layer ``layer_idx`` after the current
@@ -157,7 +173,8 @@ class PagedKVCache(_PagedBase, _KVCacheBase):
         B, T = k.shape[0], k.shape[1]
         slots = self.slot_mapping(B, T)
         self._write(lambda: _ops.paged_kv_cache_append(self.k[layer_idx], self.v[layer_idx], k.flatten(0, 1),
-                                                       v.flatten(0, 1), slots), T)
+                                                       v.flatten(0, 1), slots, k_scale=self.k_scale,
+                                                       v_scale=self.v_scale), T)
 
     def __repr__(self) -> str:
         return (f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "

@@ -179,3 +179,12 @@ def write_outputs(args, markdown: str, payload: dict, *, final: bool = True) -> 
         os.replace(tmp, path)
         if final:
             print(f"wrote {path}")
+
+
+def print_and_write(lines: list[str], path: str | None) -> None:
+    """Prints a report's lines and, when `path` is given, writes them there."""
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if path:
+        with open(path, "w") as f:
+            f.write(report)

@@ -69,12 +69,14 @@ std::tuple<at::Tensor, at::Tensor> attention_with_kvcache_on(const at::Tensor& q
                                                              const std::optional<at::Tensor>& sinks,
                                                              int64_t attention_chunk,
                                                              const std::optional<at::Tensor>& alibi_slopes,
-                                                             int64_t num_splits) {
+                                                             int64_t num_splits,
+                                                             const std::optional<at::Tensor>& k_scale,
+                                                             const std::optional<at::Tensor>& v_scale) {
   const KvCacheRows rows{cu_seqlens_q, size_hint(max_seqlen_q), cache_batch_idx, cache_leftpad};
   const AttentionCall call = prepare_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale,
                                                             causal, window_left, window_right, softcap, rows,
                                                             PatternOptions{sinks, alibi_slopes, attention_chunk},
-                                                            num_splits);
+                                                            num_splits, CacheScales{k_scale, v_scale});
   auto [out, lse] = empty_out_lse(call.outputs, q.options());
   if constexpr (forward != nullptr) {
     forward(call, out, lse);

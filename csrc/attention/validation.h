@@ -44,7 +44,7 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& block_table, std::optional<double> scale,
                                              bool causal, int64_t window_left, int64_t window_right, double softcap,
                                              const KvCacheRows& rows, const PatternOptions& patterns,
-                                             int64_t num_splits = 0);
+                                             int64_t num_splits = 0, const CacheScales& scales = {});
 
 // Empty (dq, dk, dv) shaped as (q, k, v) (Meta tensors too).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_attention_grads(const at::Tensor& q, const at::Tensor& k,

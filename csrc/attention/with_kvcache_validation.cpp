@@ -3,6 +3,7 @@
 #include "attention/validation.h"
 
 #include "common/attention_checks.h"
+#include "common/cache_dtype.h"
 #include "common/checks.h"
 #include "common/index_checks.h"
 #include "common/serving.h"
@@ -16,7 +17,7 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& block_table, std::optional<double> scale,
                                              bool causal, int64_t window_left, int64_t window_right, double softcap,
                                              const KvCacheRows& rows, const PatternOptions& patterns,
-                                             int64_t num_splits) {
+                                             int64_t num_splits, const CacheScales& scales) {
   const char* op = "attn_ops.attention_with_kvcache";
   const bool paged = block_table.has_value();
   if (rows.packed()) {
@@ -32,7 +33,15 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
     check_rank(op, "k_cache", k_cache, 4, "[batch, capacity, heads_kv, head_dim]");
     check_rank(op, "v_cache", v_cache, 4, "[batch, capacity, heads_kv, head_dim_v]");
   }
-  check_float_operands(op, {{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});
+  check_float_dtype(op, "q", q);
+  if (check_8bit_cache_values(op, {"k_cache", k_cache}, {"q", q})) {
+    check_same_dtype_device(op, "v_cache", v_cache, "k_cache", k_cache);
+    for (const NamedTensor& t : {NamedTensor{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}}) {
+      check_last_dim_contiguous(op, t.name, t.tensor);
+    }
+  } else {
+    check_float_operands(op, {{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});
+  }
 
   AttentionCall s;
   s.op = op;
@@ -57,6 +66,8 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
   check_head_dims(op, s.head_dim_qk, s.head_dim_v);
   check_score_options(op, q.scalar_type(), scale, window_left, window_right, softcap);
   check_pattern_options(op, q, s.batch, s.heads_q, patterns);
+  check_cache_scale(op, "k_scale", scales.k, s.heads_kv, {"k_cache", k_cache});
+  check_cache_scale(op, "v_scale", scales.v, s.heads_kv, {"v_cache", v_cache});
   TORCH_CHECK(num_splits >= 0, op, ": num_splits must be >= 0 (0: automatic, 1: no split), got ", num_splits);
 
   check_index_tensor(op, "cache_seqlens", cache_seqlens, /*allow_int64=*/false,
@@ -93,6 +104,7 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
   s.softcap = softcap;
   s.patterns = patterns;
   s.num_splits = num_splits;
+  s.cache_scales = scales;
   const c10::ScalarType lse_dtype = attention_lse_dtype(q.scalar_type());
   s.outputs = rows.packed() ? OutLseSizes{{s.seqlen_q, s.heads_q, s.head_dim_v}, {s.heads_q, s.seqlen_q}, lse_dtype}
                        : OutLseSizes{{s.batch, s.seqlen_q, s.heads_q, s.head_dim_v}, {s.batch, s.heads_q, s.seqlen_q},

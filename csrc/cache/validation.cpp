@@ -1,6 +1,7 @@
 // Argument checks of kv_cache_append / paged_kv_cache_append, shared by every backend.
 #include "cache/validation.h"
 
+#include "common/cache_dtype.h"
 #include "common/checks.h"
 #include "common/index_checks.h"
 #include "common/serving.h"
@@ -10,14 +11,20 @@
 namespace attn_ops {
 namespace {
 
-// dtype, device and last-dim stride of a cache write's four tensors.
+// dtype, device and last-dim stride of a cache write's four tensors, and the scales of an 8-bit cache.
 void check_cache_tensors(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                         const at::Tensor& v) {
-  check_float_dtype(op, "k_cache", k_cache);
+                         const at::Tensor& v, const CacheScales& scales) {
+  check_cache_dtype(op, {"k_cache", k_cache});
   check_one_device(op, {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k", k}, {"v", v}});
   check_same_dtype_device(op, "v_cache", v_cache, "k_cache", k_cache);
-  check_same_dtype_device(op, "k", k, "k_cache", k_cache);
-  check_same_dtype_device(op, "v", v, "k_cache", k_cache);
+  if (check_8bit_cache_values(op, {"k_cache", k_cache}, {"k", k})) {
+    check_same_dtype_device(op, "v", v, "k", k);
+  } else {
+    check_same_dtype_device(op, "k", k, "k_cache", k_cache);
+    check_same_dtype_device(op, "v", v, "k_cache", k_cache);
+  }
+  check_cache_scale(op, "k_scale", scales.k, k_cache.sym_size(2), {"k_cache", k_cache});
+  check_cache_scale(op, "v_scale", scales.v, v_cache.sym_size(2), {"v_cache", v_cache});
   check_last_dim_contiguous(op, "k_cache", k_cache);
   check_last_dim_contiguous(op, "v_cache", v_cache);
   check_last_dim_contiguous(op, "k", k);
@@ -38,13 +45,13 @@ void check_cache_targets(const char* op, const at::Tensor& k_cache, const at::Te
 
 void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                                   const at::Tensor& v, const at::Tensor& cache_seqlens,
-                                  const std::optional<at::Tensor>& cache_batch_idx) {
+                                  const std::optional<at::Tensor>& cache_batch_idx, const CacheScales& scales) {
   const char* op = "attn_ops.kv_cache_append";
   check_rank(op, "k_cache", k_cache, 4, "[batch, capacity, heads_kv, head_dim]");
   check_rank(op, "v_cache", v_cache, 4, "[batch, capacity, heads_kv, head_dim_v]");
   check_rank(op, "k", k, 4, "[batch, seqlen_new, heads_kv, head_dim]");
   check_rank(op, "v", v, 4, "[batch, seqlen_new, heads_kv, head_dim_v]");
-  check_cache_tensors(op, k_cache, v_cache, k, v);
+  check_cache_tensors(op, k_cache, v_cache, k, v, scales);
   const auto& kc = k_cache.sym_sizes();
   TORCH_CHECK(v_cache.sym_size(0) == kc[0] && v_cache.sym_size(1) == kc[1] && v_cache.sym_size(2) == kc[2], op,
               ": v_cache must have shape [", kc[0], ", ", kc[1], ", ", kc[2],
@@ -77,13 +84,14 @@ void check_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v
 }
 
 void check_paged_kv_cache_append_inputs(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                                        const at::Tensor& v, const at::Tensor& slot_mapping) {
+                                        const at::Tensor& v, const at::Tensor& slot_mapping,
+                                        const CacheScales& scales) {
   const char* op = "attn_ops.paged_kv_cache_append";
   check_rank(op, "k_cache", k_cache, 4, "[num_blocks, block_size, heads_kv, head_dim]");
   check_rank(op, "v_cache", v_cache, 4, "[num_blocks, block_size, heads_kv, head_dim_v]");
   check_rank(op, "k", k, 3, "[num_tokens, heads_kv, head_dim]");
   check_rank(op, "v", v, 3, "[num_tokens, heads_kv, head_dim_v]");
-  check_cache_tensors(op, k_cache, v_cache, k, v);
+  check_cache_tensors(op, k_cache, v_cache, k, v, scales);
   const auto& kc = k_cache.sym_sizes();
   TORCH_CHECK(v_cache.sym_size(0) == kc[0] && v_cache.sym_size(1) == kc[1] && v_cache.sym_size(2) == kc[2], op,
               ": v_cache must have shape [", kc[0], ", ", kc[1], ", ", kc[2],

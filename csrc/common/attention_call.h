@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common/attention_checks.h"
+#include "common/cache_dtype.h"
 #include "common/serving.h"
 
 #include <ATen/core/Tensor.h>
@@ -49,6 +50,9 @@ struct AttentionCall {
   int64_t window_left = -1, window_right = -1;  // -1: unbounded
   double softcap = 0.0;
   PatternOptions patterns;  // sinks, ALiBi, chunks
+  // An 8-bit cache's dequantization scales (keys: k; values: v), as given; the cache dtype says whether k and v
+  // are 8-bit (is_8bit_cache_dtype), q and the outputs stay in the model's dtype.
+  CacheScales cache_scales;
   // How to run, not what: the most key splits of a forward (0: automatic; 1: none, so that a row's result does not
   // depend on the rest of the batch), and a backward in a fixed summation order.
   int64_t num_splits = 0;
@@ -67,6 +71,7 @@ struct AttentionCall {
   bool varlen() const { return keys == KeySource::varlen; }
   bool over_cache() const { return keys == KeySource::cache || keys == KeySource::paged; }
   bool paged() const { return keys == KeySource::paged; }
+  bool cache_8bit() const { return is_8bit_cache_dtype(k.scalar_type()); }
   // The resolved softmax scale (guards head_dim_qk: call it only in a kernel that runs).
   double scale() const { return resolve_scale(given_scale, head_dim_qk); }
   // causal is the window (window_left, 0).

@@ -25,6 +25,10 @@ inline std::string dtype_name(c10::ScalarType t) {
     case c10::ScalarType::ComplexHalf: return "complex32";
     case c10::ScalarType::ComplexFloat: return "complex64";
     case c10::ScalarType::ComplexDouble: return "complex128";
+    case c10::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case c10::ScalarType::Float8_e5m2: return "float8_e5m2";
+    case c10::ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
+    case c10::ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
     default: return c10::toString(t);
   }
 }

@@ -20,10 +20,11 @@ std::tuple<at::Tensor, at::Tensor> mla_decode_on(const at::Tensor& q_latent, con
                                                  bool causal, const std::optional<at::Tensor>& cu_seqlens_q,
                                                  std::optional<c10::SymInt> max_seqlen_q,
                                                  const std::optional<at::Tensor>& cache_batch_idx,
-                                                 const std::optional<at::Tensor>& cache_leftpad) {
+                                                 const std::optional<at::Tensor>& cache_leftpad,
+                                                 const std::optional<at::Tensor>& kv_scale) {
   const KvCacheRows rows{cu_seqlens_q, size_hint(max_seqlen_q), cache_batch_idx, cache_leftpad};
   const AttentionCall call =
-      prepare_mla_decode(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale, causal, rows);
+      prepare_mla_decode(q_latent, q_rope, latent_cache, cache_seqlens, block_table, scale, causal, rows, kv_scale);
   auto [out, lse] = empty_out_lse(call.outputs, q_latent.options());
   if constexpr (forward != nullptr) {
     forward(call, out, lse);

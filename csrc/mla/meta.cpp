@@ -11,8 +11,9 @@ namespace {
 void mla_cache_append_meta(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
                            const std::optional<at::Tensor>& slot_mapping,
-                           const std::optional<at::Tensor>& cache_batch_idx) {
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
+                           const std::optional<at::Tensor>& cache_batch_idx,
+                           const std::optional<at::Tensor>& kv_scale) {
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx, kv_scale);
 }
 
 }  // namespace

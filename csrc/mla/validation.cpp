@@ -2,6 +2,7 @@
 #include "mla/validation.h"
 
 #include "common/attention_checks.h"
+#include "common/cache_dtype.h"
 #include "common/checks.h"
 #include "common/index_checks.h"
 #include "common/serving.h"
@@ -28,7 +29,8 @@ void check_latent_width(const char* op, const at::Tensor& latent_cache, const ch
 void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                                    const std::optional<at::Tensor>& cache_seqlens,
                                    const std::optional<at::Tensor>& slot_mapping,
-                                   const std::optional<at::Tensor>& cache_batch_idx) {
+                                   const std::optional<at::Tensor>& cache_batch_idx,
+                                   const std::optional<at::Tensor>& kv_scale) {
   const char* op = "attn_ops.mla_cache_append";
   TORCH_CHECK(cache_seqlens.has_value() != slot_mapping.has_value(), op,
               ": exactly one of cache_seqlens (contiguous cache) and slot_mapping (paged cache) must be given, got ",
@@ -46,10 +48,15 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
     check_rank(op, "latent_cache", latent_cache, 3, "[batch, capacity, kv_lora_rank + rope_dim]");
     check_rank(op, "c_kv", c_kv, 3, "[batch, seqlen_new, kv_lora_rank]");
   }
-  check_float_dtype(op, "latent_cache", latent_cache);
+  check_cache_dtype(op, {"latent_cache", latent_cache});
   check_one_device(op, {{"latent_cache", latent_cache}, {"c_kv", c_kv}, {"k_pe", k_pe}});
-  check_same_dtype_device(op, "c_kv", c_kv, "latent_cache", latent_cache);
-  check_same_dtype_device(op, "k_pe", k_pe, "latent_cache", latent_cache);
+  if (check_8bit_cache_values(op, {"latent_cache", latent_cache}, {"c_kv", c_kv})) {
+    check_same_dtype_device(op, "k_pe", k_pe, "c_kv", c_kv);
+  } else {
+    check_same_dtype_device(op, "c_kv", c_kv, "latent_cache", latent_cache);
+    check_same_dtype_device(op, "k_pe", k_pe, "latent_cache", latent_cache);
+  }
+  check_cache_scale(op, "kv_scale", kv_scale, 1, {"latent_cache", latent_cache});
   check_last_dim_contiguous(op, "latent_cache", latent_cache);
   check_last_dim_contiguous(op, "c_kv", c_kv);
   check_last_dim_contiguous(op, "k_pe", k_pe);
@@ -94,7 +101,8 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
 
 AttentionCall prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q_rope, const at::Tensor& latent_cache,
                                  const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
-                                 double scale, bool causal, const KvCacheRows& rows) {
+                                 double scale, bool causal, const KvCacheRows& rows,
+                                 const std::optional<at::Tensor>& kv_scale) {
   const char* op = "attn_ops.mla_decode";
   const bool paged = block_table.has_value();
   if (rows.packed()) {
@@ -110,7 +118,13 @@ AttentionCall prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q
   } else {
     check_rank(op, "latent_cache", latent_cache, 3, "[batch, capacity, kv_lora_rank + rope_dim]");
   }
-  check_float_operands(op, {{"q_latent", q_latent}, {"q_rope", q_rope}, {"latent_cache", latent_cache}});
+  if (check_8bit_cache_values(op, {"latent_cache", latent_cache}, {"q_latent", q_latent})) {
+    check_float_operands(op, {{"q_latent", q_latent}, {"q_rope", q_rope}});
+    check_last_dim_contiguous(op, "latent_cache", latent_cache);
+  } else {
+    check_float_operands(op, {{"q_latent", q_latent}, {"q_rope", q_rope}, {"latent_cache", latent_cache}});
+  }
+  check_cache_scale(op, "kv_scale", kv_scale, 1, {"latent_cache", latent_cache});
   const c10::SymIntArrayRef lead = q_latent.sym_sizes().slice(0, q_latent.dim() - 1);
   TORCH_CHECK(q_rope.sym_sizes().slice(0, q_rope.dim() - 1) == lead, op, ": q_rope must have shape ",
               shape_str(lead).insert(shape_str(lead).size() - 1, ", *"),
@@ -159,6 +173,7 @@ AttentionCall prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q
   call.set_cache_rows(cache_seqlens, block_table, rows);
   call.given_scale = scale;
   call.causal = causal;
+  call.cache_scales = CacheScales{kv_scale, kv_scale};  // one scale for every latent column
   call.batch = batch;
   call.seqlen_q = rows.packed() ? q_latent.sym_size(0) : q_latent.sym_size(1);
   call.seqlen_k = capacity;

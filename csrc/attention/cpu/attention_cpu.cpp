@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <type_traits>
 
 namespace attn_ops::cpu {
 
@@ -72,6 +73,11 @@ AttentionProblem make_problem(const AttentionCall& call) {
   if (call.patterns.sinks.has_value()) {
     const at::Tensor sinks = call.patterns.sinks->to(at::kDouble).contiguous();
     p.sinks.assign(sinks.const_data_ptr<double>(), sinks.const_data_ptr<double>() + p.heads_q);
+  }
+  if (call.cache_8bit()) {
+    p.cache_8bit = call.k.scalar_type() == at::kFloat8_e4m3fn ? Cache8Bit::e4m3fn : Cache8Bit::e5m2;
+    p.k_scale = scale_per_head(call.cache_scales.k, p.heads_kv);
+    p.v_scale = scale_per_head(call.cache_scales.v, p.heads_kv);
   }
   if (call.patterns.alibi_slopes.has_value()) {  // [heads_q] or [batch, heads_q]
     const at::Tensor slopes = call.patterns.alibi_slopes->expand({p.batch, p.heads_q}).contiguous();
@@ -173,10 +179,18 @@ void attention_forward(const AttentionCall& call, const at::Tensor& out, const a
     using acc_t = acc_type<scalar_t>;
     // decode-shaped sequences (a few query rows against many keys: a serving step, or transformers' generation
     // steps through attention) on the decode kernel, the others on the tiled one
-    routed_forward_kernel<scalar_t, acc_t>(
-        p, call.q.const_data_ptr<scalar_t>(), layouts.queries(call.q), call.k.const_data_ptr<scalar_t>(), k_layout,
-        call.v.const_data_ptr<scalar_t>(), v_layout, out.mutable_data_ptr<scalar_t>(), layouts.queries(out),
-        lse.mutable_data_ptr<acc_t>(), layouts.lse(lse));
+    if (p.cache_8bit == Cache8Bit::none) {
+      routed_forward_kernel<scalar_t, acc_t>(
+          p, call.q.const_data_ptr<scalar_t>(), layouts.queries(call.q), call.k.const_data_ptr<scalar_t>(), k_layout,
+          call.v.const_data_ptr<scalar_t>(), v_layout, out.mutable_data_ptr<scalar_t>(), layouts.queries(out),
+          lse.mutable_data_ptr<acc_t>(), layouts.lse(lse));
+    } else if constexpr (!std::is_same_v<scalar_t, double>) {  // the preparation refuses float64 q with 8-bit caches
+      routed_forward_kernel<scalar_t, acc_t, uint8_t>(
+          p, call.q.const_data_ptr<scalar_t>(), layouts.queries(call.q),
+          static_cast<const uint8_t*>(call.k.const_data_ptr()), k_layout,
+          static_cast<const uint8_t*>(call.v.const_data_ptr()), v_layout, out.mutable_data_ptr<scalar_t>(),
+          layouts.queries(out), lse.mutable_data_ptr<acc_t>(), layouts.lse(lse));
+    }
   });
 }
 

@@ -49,6 +49,9 @@ struct KeyLayout {
   }
 };
 
+// The format of an 8-bit KV cache (none: the cache has q's dtype).
+enum class Cache8Bit : uint8_t { none, e4m3fn, e5m2 };
+
 struct AttentionProblem {
   int64_t batch = 0, heads_q = 0, heads_kv = 0, group = 0, dim_qk = 0, dim_v = 0;
   double scale = 1.0, softcap = 0.0;
@@ -60,6 +63,10 @@ struct AttentionProblem {
   std::vector<int64_t> token_q;                 // [batch]: index of the sequence's first query token
   int64_t total_q = 0;                          // query tokens over all sequences
   int64_t max_splits = 0;                       // the most key splits of a row (num_splits; 0: automatic)
+  // An 8-bit cache (read as const uint8_t*): its format and each KV head's dequantization scales [heads_kv],
+  // which the kernels fold into q (k_scale) and into the normalized output (v_scale), so the rows convert exactly.
+  Cache8Bit cache_8bit = Cache8Bit::none;
+  std::vector<float> k_scale, v_scale;
 
   // The key splits a forward uses: its own choice, capped by max_splits.
   int64_t capped_splits(int64_t chosen) const { return max_splits > 0 ? std::min(chosen, max_splits) : chosen; }
@@ -132,12 +139,13 @@ struct AttentionProblem {
 // The kernels' problem of a prepared call (any key source); reads the index tensors' values.
 AttentionProblem make_problem(const AttentionCall& call);
 
-// Forward of attention (and of attention over a KV cache, whose keys come through a paged KeyLayout).
-template <typename scalar_t, typename acc_t>
+// Forward of attention (and of attention over a KV cache, whose keys come through a paged KeyLayout). cache_t:
+// scalar_t, or uint8_t for an 8-bit cache (p.cache_8bit).
+template <typename scalar_t, typename acc_t, typename cache_t = scalar_t>
 void attention_forward_kernel(const AttentionProblem& p,
                               const scalar_t* q, const SeqLayout& q_layout,  // [b, Tq, Hq, Dqk]
-                              const scalar_t* k, const KeyLayout& k_layout,  // [b, Tk, Hkv, Dqk]
-                              const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
+                              const cache_t* k, const KeyLayout& k_layout,   // [b, Tk, Hkv, Dqk]
+                              const cache_t* v, const KeyLayout& v_layout,   // [b, Tk, Hkv, Dv]
                               scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
                               acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
 

@@ -39,9 +39,11 @@ struct DecodeScratch {
   std::vector<const scalar_t*> key_rows, value_rows;
   std::vector<scalar_t> lowp;
   std::vector<acc_t> stream;  // DecodeRows::stream_scratch (bfloat16 only)
+  std::vector<scalar_t> converted_keys, converted_values;  // DecodeRows' (8-bit caches only)
   // gemm_tile: decode_rows_gemm's keys per tile, 0 where it does not run (it needs the converted tiles, Q^T
   // or scores^T, and for low-precision caches the AMX operands: decode_amx_kernel.h).
-  DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile, bool alibi_slopes)
+  DecodeScratch(int64_t heads, int64_t rows, int64_t dqk, int64_t dv, int64_t gemm_tile, bool alibi_slopes,
+                bool cache_8bit)
       : q(heads * rows * dqk), scores(std::max(heads * rows * kDecodeChunk, rows * gemm_tile)),
         key_tile(gemm_tile * dqk), value_tile(gemm_tile * dv),
         q_t(gemm_tile > 0 ? std::max(heads * dqk, gemm_tile + heads * dv) * gemm_rows_padded(rows) : 0),
@@ -53,25 +55,52 @@ struct DecodeScratch {
                  ? heads * dqk * gemm_rows_padded(rows) + gemm_tile * (dqk + dv + gemm_rows_padded(rows))
                  : 0),
         stream(std::is_same_v<scalar_t, c10::BFloat16> ? heads * rows * (padded_to_chunks(dqk) + padded_to_chunks(dv))
-                                                       : 0) {}
+                                                       : 0),
+        converted_keys(cache_8bit ? key_rows.size() * dqk : 0),
+        converted_values(cache_8bit ? value_rows.size() * dv : 0) {}
 };
 
-template <typename scalar_t>
+// What locate reads: the caches (of scalar_t, or 8-bit: cache_t uint8_t) and their layouts.
+template <typename scalar_t, typename cache_t>
 struct CacheRows {
-  const scalar_t* k;
+  const cache_t* k;
   const KeyLayout* k_layout;
-  const scalar_t* v;
+  const cache_t* v;
   const KeyLayout* v_layout;
+  Cache8Bit format = Cache8Bit::none;
+  // the instruction set's conversion of an 8-bit row (decode_cpu.h)
+  void (*dequantize)(Cache8Bit, const uint8_t*, scalar_t*, int64_t) = nullptr;
 };
 
-template <typename scalar_t, typename acc_t>
+// Points keys[j] / values[j] at the cache rows of keys k0 + j of KV head `head`; an 8-bit cache's rows are
+// converted into the scratch rows of those slots of key_rows / value_rows, which the kernel reads instead (a
+// tile at a time, in L1/L2: no copy of the cache).
+template <typename scalar_t, typename acc_t, typename cache_t>
 void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys,
                  const scalar_t** values) {
-  const auto& c = *static_cast<const CacheRows<scalar_t>*>(a.layouts);
-  for (int64_t j = 0; j < n; ++j) {
-    keys[j] = c.k + c.k_layout->at(a.batch, k0 + j, head);
-    values[j] = c.v + c.v_layout->at(a.batch, k0 + j, head);
+  const auto& c = *static_cast<const CacheRows<scalar_t, cache_t>*>(a.layouts);
+  if constexpr (std::is_same_v<cache_t, scalar_t>) {
+    for (int64_t j = 0; j < n; ++j) {
+      keys[j] = c.k + c.k_layout->at(a.batch, k0 + j, head);
+      values[j] = c.v + c.v_layout->at(a.batch, k0 + j, head);
+    }
+  } else {
+    const int64_t slot = keys - a.key_rows;  // also values - a.value_rows
+    for (int64_t j = 0; j < n; ++j) {
+      scalar_t* key = a.converted_keys + (slot + j) * a.dim_qk;
+      scalar_t* value = a.converted_values + (slot + j) * a.dim_v;
+      c.dequantize(c.format, c.k + c.k_layout->at(a.batch, k0 + j, head), key, a.dim_qk);
+      c.dequantize(c.format, c.v + c.v_layout->at(a.batch, k0 + j, head), value, a.dim_v);
+      keys[j] = key;
+      values[j] = value;
+    }
   }
+}
+
+// The instruction set's conversion of 8-bit cache rows into scalar_t.
+template <typename scalar_t>
+auto dequantize_for_this_cpu() {
+  return ATTN_OPS_FOR_THIS_CPU(decode, dequantize_cache_row<scalar_t>);
 }
 
 // The KV heads per work item: one where each head's keys and values are contiguous rows (a [B, Hkv, T, D] cache,
@@ -109,10 +138,11 @@ bool takes_decode_kernel(const AttentionProblem& p, int64_t len_q) {
 
 }  // namespace
 
-template <typename scalar_t, typename acc_t>
+template <typename scalar_t, typename acc_t, typename cache_t>
 void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
-                           const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout,
+                           const cache_t* k, const KeyLayout& k_layout, const cache_t* v, const KeyLayout& v_layout,
                            scalar_t* out, const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
+  constexpr bool cache_8bit = !std::is_same_v<cache_t, scalar_t>;
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
   int64_t longest_k = 0, max_rows = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -135,12 +165,17 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
   std::vector<acc_t> part_lse(splits > 1 ? splits * rows_total : 0);
   const auto [stream_rows, gemm_rows] = decode_rows_for_this_cpu<scalar_t, acc_t>();
   const acc_t scale = static_cast<acc_t>(p.scale);
-  const CacheRows<scalar_t> cache{k, &k_layout, v, &v_layout};
+  CacheRows<scalar_t, cache_t> cache{k, &k_layout, v, &v_layout};
+  if constexpr (cache_8bit) {
+    cache.format = p.cache_8bit;
+    cache.dequantize = dequantize_for_this_cpu<scalar_t>();
+  }
 
   parallel_items(
       items * splits, flops, [&] {
         return DecodeScratch<scalar_t, acc_t>(heads_per_item, max_rows, Dqk, Dv,
-                                              max_rows >= kGemmDecodeRows ? kGemmDecodeTile : 0, !p.alibi.empty());
+                                              max_rows >= kGemmDecodeRows ? kGemmDecodeTile : 0, !p.alibi.empty(),
+                                              cache_8bit);
       },
       [&](int64_t item, DecodeScratch<scalar_t, acc_t>& s) {
         const int64_t split = item % splits, b = item / splits / head_groups;
@@ -157,7 +192,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
           for (int64_t g = 0; g < Hkv; ++g) {
             acc_t* q_row = s.q.data() + (g * rows + r) * Dqk;
             convert_row(q + q_layout.at(b, pos, (h0 + g) * G + r % G), q_row, Dqk);
-            scale_row(q_row, Dqk, scale);
+            scale_row(q_row, Dqk, cache_8bit ? static_cast<acc_t>(p.scale * p.k_scale[h0 + g]) : scale);
           }
           s.key_lo[r] = p.key_lo(b, pos);
           s.key_hi[r] = p.key_hi(b, pos);
@@ -177,8 +212,10 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.key_hi = s.key_hi.data();
         a.alibi = s.alibi.empty() ? nullptr : s.alibi.data();
         a.position = s.position.data();
-        a.locate = &locate_rows<scalar_t, acc_t>;
+        a.locate = &locate_rows<scalar_t, acc_t, cache_t>;
         a.layouts = &cache;
+        a.converted_keys = s.converted_keys.empty() ? nullptr : s.converted_keys.data();
+        a.converted_values = s.converted_values.empty() ? nullptr : s.converted_values.data();
         a.batch = b;
         a.kv_head = h0;
         a.k_begin = k_begin;
@@ -203,6 +240,9 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         (use_gemm ? gemm_rows : stream_rows)(a);
         for (int64_t gr = 0; gr < Hkv * rows; ++gr) {
           const int64_t r = gr % rows, pos = r / G, h = (h0 + gr / rows) * G + r % G;
+          if constexpr (cache_8bit) {
+            scale_row(s.out.data() + gr * Dv, Dv, static_cast<acc_t>(p.v_scale[h0 + gr / rows]));
+          }
           if (splits == 1) {
             write_row(p, h, s.out.data() + gr * Dv, s.lse[gr], out + out_layout.at(b, pos, h),
                       lse + lse_layout.at(b, pos, h));
@@ -218,9 +258,9 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
   }
 }
 
-template <typename scalar_t, typename acc_t>
+template <typename scalar_t, typename acc_t, typename cache_t>
 void routed_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
-                           const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout,
+                           const cache_t* k, const KeyLayout& k_layout, const cache_t* v, const KeyLayout& v_layout,
                            scalar_t* out, const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
   std::vector<int64_t> decode_seqs, tiled_seqs;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -252,5 +292,15 @@ ATTN_OPS_INSTANTIATE_DECODE(double)
 ATTN_OPS_INSTANTIATE_DECODE(c10::Half)
 ATTN_OPS_INSTANTIATE_DECODE(c10::BFloat16)
 #undef ATTN_OPS_INSTANTIATE_DECODE
+
+// Over 8-bit caches (float16, bfloat16 and float32 queries).
+#define ATTN_OPS_INSTANTIATE_DECODE_8BIT(scalar_t)                                                                 \
+  template void routed_forward_kernel<scalar_t, acc_type<scalar_t>, uint8_t>(                                     \
+      const AttentionProblem&, const scalar_t*, const SeqLayout&, const uint8_t*, const KeyLayout&, const uint8_t*, \
+      const KeyLayout&, scalar_t*, const SeqLayout&, acc_type<scalar_t>*, const SeqLayout&);
+ATTN_OPS_INSTANTIATE_DECODE_8BIT(float)
+ATTN_OPS_INSTANTIATE_DECODE_8BIT(c10::Half)
+ATTN_OPS_INSTANTIATE_DECODE_8BIT(c10::BFloat16)
+#undef ATTN_OPS_INSTANTIATE_DECODE_8BIT
 
 }  // namespace attn_ops::cpu

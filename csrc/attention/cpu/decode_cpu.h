@@ -47,6 +47,10 @@ struct DecodeRows {
   void (*locate)(const DecodeRows& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys,
                  const scalar_t** values) = nullptr;
   const void* layouts = nullptr;      // what locate reads (the caches and their KeyLayouts)
+  // An 8-bit cache's rows converted by locate into scalar_t: row i of each for key_rows[i] / value_rows[i]
+  // ([key_rows' length, dim_qk] and [.., dim_v]); null for a cache of scalar_t, whose rows locate points at.
+  scalar_t* converted_keys = nullptr;
+  scalar_t* converted_values = nullptr;
   int64_t batch = 0, kv_head = 0, k_begin = 0, k_end = 0;
   acc_t softcap = 0;
   const double* alibi = nullptr;      // [heads, rows]: each row's ALiBi slope, or null
@@ -83,13 +87,16 @@ using DecodeRowsFn = void (*)(const DecodeRows<scalar_t, acc_t>&);
 
 // The row kernels of each instruction set (x86-64 builds also compile AVX2 and AVX-512 versions):
 // decode_rows streams K/V through register-blocked dot products (few rows: memory-bound), decode_rows_gemm
-// multiplies each key tile as two GEMMs (kGemmDecodeRows rows or more: compute-bound).
-#define ATTN_OPS_DECLARE_DECODE_ROWS(ns)                            \
-  namespace ns {                                                    \
-  template <typename scalar_t, typename acc_t>                      \
-  void decode_rows(const DecodeRows<scalar_t, acc_t>& a);           \
-  template <typename scalar_t, typename acc_t>                      \
-  void decode_rows_gemm(const DecodeRows<scalar_t, acc_t>& a);      \
+// multiplies each key tile as two GEMMs (kGemmDecodeRows rows or more: compute-bound); dequantize_cache_row
+// converts a row of an 8-bit cache to the kernels' dtype (cache_8bit.h).
+#define ATTN_OPS_DECLARE_DECODE_ROWS(ns)                                                     \
+  namespace ns {                                                                             \
+  template <typename scalar_t, typename acc_t>                                               \
+  void decode_rows(const DecodeRows<scalar_t, acc_t>& a);                                    \
+  template <typename scalar_t, typename acc_t>                                               \
+  void decode_rows_gemm(const DecodeRows<scalar_t, acc_t>& a);                               \
+  template <typename scalar_t>                                                               \
+  void dequantize_cache_row(Cache8Bit format, const uint8_t* src, scalar_t* dst, int64_t n); \
   }
 ATTN_OPS_DECLARE_DECODE_ROWS(decode_default)
 #ifdef ATTN_OPS_X86_ISA_COPIES
@@ -99,22 +106,23 @@ ATTN_OPS_DECLARE_DECODE_ROWS(decode_avx512)
 #undef ATTN_OPS_DECLARE_DECODE_ROWS
 
 // Forward of attention over a (paged) cache with the decode kernel; arguments as attention_forward_kernel.
-template <typename scalar_t, typename acc_t>
+// cache_t: scalar_t, or uint8_t for an 8-bit cache (p.cache_8bit), whose rows convert tile by tile.
+template <typename scalar_t, typename acc_t, typename cache_t = scalar_t>
 void decode_forward_kernel(const AttentionProblem& p,
                            const scalar_t* q, const SeqLayout& q_layout,  // [b, Tq, Hq, Dqk]
-                           const scalar_t* k, const KeyLayout& k_layout,  // [b, Tk, Hkv, Dqk]
-                           const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
+                           const cache_t* k, const KeyLayout& k_layout,   // [b, Tk, Hkv, Dqk]
+                           const cache_t* v, const KeyLayout& v_layout,   // [b, Tk, Hkv, Dv]
                            scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
                            acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
 
 // Forward of attention and of attention over a (paged) cache: the sequences with few query rows per KV head
 // (at most kMaxDecodeRows: decode) on the decode kernel, the others (prefill chunks) on the tiled kernel, so
 // one packed call of a mixed serving batch costs no more than a call per kind; arguments as above.
-template <typename scalar_t, typename acc_t>
+template <typename scalar_t, typename acc_t, typename cache_t = scalar_t>
 void routed_forward_kernel(const AttentionProblem& p,
                            const scalar_t* q, const SeqLayout& q_layout,  // [b, Tq, Hq, Dqk]
-                           const scalar_t* k, const KeyLayout& k_layout,  // [b, Tk, Hkv, Dqk]
-                           const scalar_t* v, const KeyLayout& v_layout,  // [b, Tk, Hkv, Dv]
+                           const cache_t* k, const KeyLayout& k_layout,   // [b, Tk, Hkv, Dqk]
+                           const cache_t* v, const KeyLayout& v_layout,   // [b, Tk, Hkv, Dv]
                            scalar_t* out, const SeqLayout& out_layout,    // [b, Tq, Hq, Dv]
                            acc_t* lse, const SeqLayout& lse_layout);      // [b, Hq, Tq]
 

@@ -23,4 +23,5 @@
 #define ATTN_OPS_DECODE_NS decode_avx512
 #include "attention/cpu/decode_kernel.h"
 #include "attention/cpu/decode_gemm_kernel.h"
+#include "attention/cpu/decode_cache_8bit.h"
 #endif

@@ -19,3 +19,4 @@
 #define ATTN_OPS_DECODE_NS decode_default
 #include "attention/cpu/decode_kernel.h"
 #include "attention/cpu/decode_gemm_kernel.h"
+#include "attention/cpu/decode_cache_8bit.h"

@@ -26,6 +26,7 @@
 #include "attention/cpu/attention_cpu.h"
 #include "common/cpu/blas.h"
 #include "attention/cpu/gemm_kernels.h"
+#include "attention/cpu/cache_8bit.h"
 #include "attention/cpu/packed_kv.h"
 #include "attention/cpu/panel_kv.h"
 #include "common/cpu/parallel.h"
@@ -77,22 +78,36 @@ const acc_t* key_tile(const scalar_t* base, const KeyLayout& layout, int64_t b, 
   return buffer;
 }
 
+// The same tile of an 8-bit cache (p.cache_8bit), converted row by row (exact in acc_t, float32).
+template <typename acc_t>
+const acc_t* key_tile(Cache8Bit format, const uint8_t* base, const KeyLayout& layout, int64_t b, int64_t k0, int64_t n,
+                      int64_t h, int64_t dim, acc_t* buffer, int64_t* ld) {
+  for (int64_t j = 0; j < n; ++j) {
+    dequantize_row(format, base + layout.at(b, k0 + j, h), buffer + j * dim, dim);
+  }
+  *ld = dim;
+  return buffer;
+}
 
-template <typename scalar_t, typename acc_t>
-void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout, const scalar_t* k,
-                   const KeyLayout& k_layout, const scalar_t* v, const KeyLayout& v_layout, scalar_t* out,
+
+// cache_t: scalar_t, or uint8_t for an 8-bit cache (p.cache_8bit), which takes the float32 path over tiles converted
+// as they are read (key_tile), k_scale folded into q and v_scale into the output.
+template <typename scalar_t, typename acc_t, typename cache_t = scalar_t>
+void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout, const cache_t* k,
+                   const KeyLayout& k_layout, const cache_t* v, const KeyLayout& v_layout, scalar_t* out,
                    const SeqLayout& out_layout, acc_t* lse, const SeqLayout& lse_layout) {
+  constexpr bool cache_8bit = !std::is_same_v<cache_t, scalar_t>;
   const int64_t G = p.group, Hq = p.heads_q, Dqk = p.dim_qk, Dv = p.dim_v;
   // The brgemm path (AMX) needs every item's keys to start at a tile boundary (no left window or
   // chunk: it reads whole packed tiles from key 0 on); packing needs Dqk even and Dv in whole blocks (packed_kv.h).
   bool brgemm_applies = false;
-  if constexpr (kBrgemmCopy && !std::is_same_v<scalar_t, acc_t>) {
+  if constexpr (kBrgemmCopy && !std::is_same_v<scalar_t, acc_t> && !cache_8bit) {
     brgemm_applies = !p.left_bounded() && Dqk % 2 == 0 && Dv % kPackBlock == 0 && lowp_brgemm_available<scalar_t>();
   }
   // The panel paths (below) where each packed key serves enough query rows to pay for its packing: float32,
   // and bfloat16 on AVX512-BF16 where brgemm does not apply; their query tiles hold whole kPanelRows-row
   // blocks where the group allows (252 rows for groups 1, 2, 4).
-  const bool panel_shape = kPanelGemm && !p.left_bounded() && Dv % kPanelWidth == 0 &&
+  const bool panel_shape = kPanelGemm && !cache_8bit && !p.left_bounded() && Dv % kPanelWidth == 0 &&
                            p.total_q * G >= kPanelMinRows * p.batch;
   const bool pair_path = std::is_same_v<scalar_t, c10::BFloat16> && panel_shape && Dqk % 2 == 0 &&
                          !brgemm_applies && pair_products_available();
@@ -141,20 +156,20 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
   const acc_t scale = static_cast<acc_t>(p.scale), softcap = static_cast<acc_t>(p.softcap);
 
   std::optional<PackedKV<scalar_t>> packed;
-  if constexpr (kBrgemmCopy && !std::is_same_v<scalar_t, acc_t>) {
+  if constexpr (kBrgemmCopy && !std::is_same_v<scalar_t, acc_t> && !cache_8bit) {
     if (brgemm_applies && num_items > 0) {
       packed.emplace(p, kKeyTile, k, k_layout, v, v_layout);
     }
   }
   const bool brgemm = packed.has_value();
   std::optional<PanelKV<FloatPanel>> panels;
-  if constexpr (std::is_same_v<scalar_t, float>) {
+  if constexpr (std::is_same_v<scalar_t, float> && !cache_8bit) {
     if (panel_path && num_items > 0) {
       panels.emplace(p, kKeyTile, k, k_layout, v, v_layout);
     }
   }
   std::optional<PanelKV<Bf16PairPanel>> pair_panels;
-  if constexpr (kBf16PairPanel && std::is_same_v<scalar_t, c10::BFloat16>) {
+  if constexpr (kBf16PairPanel && std::is_same_v<scalar_t, c10::BFloat16> && !cache_8bit) {
     if (pair_path && num_items > 0) {
       pair_panels.emplace(p, kKeyTile, k, k_layout, v, v_layout);
     }
@@ -180,6 +195,9 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
             std::copy_n(q_row, Dqk, s.q_lowp.data() + r * Dqk);
           } else {
             convert_row(q_row, s.q.data() + r * Dqk, Dqk);
+            if constexpr (cache_8bit) {
+              scale_row(s.q.data() + r * Dqk, Dqk, static_cast<acc_t>(p.k_scale[g]));
+            }
           }
         }
         if (brgemm) {
@@ -229,8 +247,14 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
           }
           if (!lowp && !panels) {  // scores[rows, n] = scale * Q K^T
             int64_t ldk = 0;
-            const acc_t* kt = key_tile(k, k_layout, b, k0, n, g, Dqk, s.k.data(), &ldk);
-            vt = key_tile(v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
+            const acc_t* kt = nullptr;
+            if constexpr (cache_8bit) {
+              kt = key_tile(p.cache_8bit, k, k_layout, b, k0, n, g, Dqk, s.k.data(), &ldk);
+              vt = key_tile(p.cache_8bit, v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
+            } else {
+              kt = key_tile(k, k_layout, b, k0, n, g, Dqk, s.k.data(), &ldk);
+              vt = key_tile(v, v_layout, b, k0, n, g, Dv, s.v.data(), &ldv);
+            }
             gemm<acc_t>(false, true, rows, n, Dqk, scale, s.q.data(), Dqk, kt, ldk, acc_t(0), scores, kKeyTile);
           }
           // The low-precision paths' P: rounded to the input dtype, zero-padded to whole key blocks (brgemm:
@@ -294,6 +318,9 @@ void forward_tiles(const AttentionProblem& p, const scalar_t* q, const SeqLayout
           const int64_t pos = w.q_begin + r / G, h = g * G + r % G;
           acc_t* acc_row = s.acc.data() + r * Dv;
           const acc_t row_lse = finish_row(acc_row, Dv, s.row_max[r], s.row_sum[r]);
+          if constexpr (cache_8bit) {
+            scale_row(acc_row, Dv, static_cast<acc_t>(p.v_scale[g]));
+          }
           if (splits == 1) {
             write_row(p, h, acc_row, row_lse, out + out_layout.at(b, pos, h), lse + lse_layout.at(b, pos, h));
           } else {

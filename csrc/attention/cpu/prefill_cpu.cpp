@@ -5,6 +5,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <type_traits>
+
 namespace attn_ops::cpu {
 namespace {
 
@@ -15,13 +17,17 @@ PrefillKernels<scalar_t> prefill_kernels_for_this_cpu() {
 
 }  // namespace
 
-template <typename scalar_t, typename acc_t>
+template <typename scalar_t, typename acc_t, typename cache_t>
 void attention_forward_kernel(const AttentionProblem& p, const scalar_t* q, const SeqLayout& q_layout,
-                              const scalar_t* k, const KeyLayout& k_layout, const scalar_t* v,
+                              const cache_t* k, const KeyLayout& k_layout, const cache_t* v,
                               const KeyLayout& v_layout, scalar_t* out, const SeqLayout& out_layout, acc_t* lse,
                               const SeqLayout& lse_layout) {
-  prefill_kernels_for_this_cpu<scalar_t>().forward(p, q, q_layout, k, k_layout, v, v_layout, out, out_layout, lse,
-                                                   lse_layout);
+  const PrefillKernels<scalar_t> kernels = prefill_kernels_for_this_cpu<scalar_t>();
+  if constexpr (std::is_same_v<cache_t, scalar_t>) {
+    kernels.forward(p, q, q_layout, k, k_layout, v, v_layout, out, out_layout, lse, lse_layout);
+  } else {
+    kernels.forward_8bit(p, q, q_layout, k, k_layout, v, v_layout, out, out_layout, lse, lse_layout);
+  }
 }
 
 template <typename scalar_t, typename acc_t>
@@ -50,5 +56,14 @@ ATTN_OPS_INSTANTIATE_PREFILL(double)
 ATTN_OPS_INSTANTIATE_PREFILL(c10::Half)
 ATTN_OPS_INSTANTIATE_PREFILL(c10::BFloat16)
 #undef ATTN_OPS_INSTANTIATE_PREFILL
+
+#define ATTN_OPS_INSTANTIATE_PREFILL_8BIT(scalar_t)                                                                 \
+  template void attention_forward_kernel<scalar_t, PrefillKernels<scalar_t>::acc_t, uint8_t>(                      \
+      const AttentionProblem&, const scalar_t*, const SeqLayout&, const uint8_t*, const KeyLayout&, const uint8_t*, \
+      const KeyLayout&, scalar_t*, const SeqLayout&, PrefillKernels<scalar_t>::acc_t*, const SeqLayout&);
+ATTN_OPS_INSTANTIATE_PREFILL_8BIT(float)
+ATTN_OPS_INSTANTIATE_PREFILL_8BIT(c10::Half)
+ATTN_OPS_INSTANTIATE_PREFILL_8BIT(c10::BFloat16)
+#undef ATTN_OPS_INSTANTIATE_PREFILL_8BIT
 
 }  // namespace attn_ops::cpu

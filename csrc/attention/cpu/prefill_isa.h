@@ -5,12 +5,18 @@
 #include "attention/cpu/backward_tiles.h"
 #include "attention/cpu/forward_tiles.h"
 
+#include <type_traits>
+
 namespace attn_ops::cpu::ATTN_OPS_PREFILL_NS {
 
 template <typename scalar_t>
 PrefillKernels<scalar_t> prefill_kernels() {
   using acc_t = typename PrefillKernels<scalar_t>::acc_t;
-  return {&forward_tiles<scalar_t, acc_t>, &backward_tiles<scalar_t, acc_t>};
+  if constexpr (std::is_same_v<scalar_t, double>) {  // 8-bit caches hold float16, bfloat16 or float32 models' keys
+    return {&forward_tiles<scalar_t, acc_t>, nullptr, &backward_tiles<scalar_t, acc_t>};
+  } else {
+    return {&forward_tiles<scalar_t, acc_t>, &forward_tiles<scalar_t, acc_t, uint8_t>, &backward_tiles<scalar_t, acc_t>};
+  }
 }
 template PrefillKernels<float> prefill_kernels<float>();
 template PrefillKernels<double> prefill_kernels<double>();

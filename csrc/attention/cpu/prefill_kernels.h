@@ -15,6 +15,7 @@ template <typename scalar_t>
 struct PrefillKernels {
   using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
   decltype(&attention_forward_kernel<scalar_t, acc_t>) forward;
+  decltype(&attention_forward_kernel<scalar_t, acc_t, uint8_t>) forward_8bit;  // over an 8-bit cache
   decltype(&attention_backward_kernel<scalar_t, acc_t>) backward;
 };
 

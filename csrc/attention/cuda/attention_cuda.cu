@@ -397,6 +397,7 @@ void add_sinks(const AttentionCall& call, const at::Tensor& out, const at::Tenso
 
 void attention_forward(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
   // Before the first check kernel: it must run on q's device and see that device's capture state.
+  check_backend_reads_cache(call.op, {call.cache_name, call.k}, "CUDA");
   const c10::cuda::CUDAGuard guard(call.q.device());
   if (call.over_cache()) {
     check_cache_values_on_device(call);  // whichever backend runs

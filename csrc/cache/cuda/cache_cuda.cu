@@ -31,9 +31,11 @@ __global__ void mark_superseded_tokens_kernel(const int32_t* cache_row, const in
 
 void kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& cache_seqlens,
-                          const std::optional<at::Tensor>& cache_batch_idx) {
+                          const std::optional<at::Tensor>& cache_batch_idx,
+                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   const char* op = "attn_ops.kv_cache_append";
-  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx);
+  check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, CacheScales{k_scale, v_scale});
+  check_backend_reads_cache(op, {"k_cache", k_cache}, "CUDA");
   const c10::cuda::CUDAGuard guard(k_cache.device());
   // Batch row b writes cache row cache_batch_idx[b]. Rows may repeat: where two batch rows write one position,
   // only the higher batch row's token is copied (marked before the copy), so no two writers race.
@@ -76,10 +78,13 @@ void kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, 
 }
 
 void paged_kv_cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                                const at::Tensor& v, const at::Tensor& slot_mapping) {
-  check_paged_kv_cache_append_inputs(k_cache, v_cache, k, v, slot_mapping);
+                                const at::Tensor& v, const at::Tensor& slot_mapping,
+                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+  const char* op = "attn_ops.paged_kv_cache_append";
+  check_paged_kv_cache_append_inputs(k_cache, v_cache, k, v, slot_mapping, CacheScales{k_scale, v_scale});
+  check_backend_reads_cache(op, {"k_cache", k_cache}, "CUDA");
   const c10::cuda::CUDAGuard guard(k_cache.device());
-  check_slot_values_on_device("attn_ops.paged_kv_cache_append", slot_mapping, k_cache.size(0), k_cache.size(1));
+  check_slot_values_on_device(op, slot_mapping, k_cache.size(0), k_cache.size(1));
   const at::Tensor slots = slot_mapping.contiguous();
   for (const auto& [cache, src] : {std::pair<const at::Tensor&, const at::Tensor&>{k_cache, k}, {v_cache, v}}) {
     const bool wide = wide_rows(cache.data_ptr(), src.const_data_ptr(), src.size(-1), src.element_size(),

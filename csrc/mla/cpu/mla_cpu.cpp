@@ -1,4 +1,4 @@
-// CPU kernels of the MLA ops: the cache write as two row copies, and the absorbed decode
+// CPU kernels of the MLA ops: the cache write as two row copies (quantized into an 8-bit cache), and the absorbed decode
 // (mla/absorbed_decode.h) on the CPU attention forward.
 #include "mla/absorbed_decode.h"
 #include "mla/validation.h"
@@ -18,8 +18,9 @@ namespace {
 void mla_cache_append_cpu(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                           const std::optional<at::Tensor>& cache_seqlens,
                           const std::optional<at::Tensor>& slot_mapping,
-                          const std::optional<at::Tensor>& cache_batch_idx) {
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
+                          const std::optional<at::Tensor>& cache_batch_idx,
+                          const std::optional<at::Tensor>& kv_scale) {
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx, kv_scale);
   const int64_t d_c = c_kv.size(-1);
   // New token t: the offset of its cache row (-1: skipped) and its index in the leading dims of c_kv / k_pe.
   std::vector<int64_t> cache_row;
@@ -52,7 +53,7 @@ void mla_cache_append_cpu(const at::Tensor& latent_cache, const at::Tensor& c_kv
     copy_rows(
         latent_cache, src, static_cast<int64_t>(cache_row.size()), 1,
         [&](int64_t t, int64_t) { return cache_row[t] < 0 ? -1 : cache_row[t] + column; },
-        [&](int64_t t, int64_t) { return token_index[t][0] * stride0 + token_index[t][1] * stride1; });
+        [&](int64_t t, int64_t) { return token_index[t][0] * stride0 + token_index[t][1] * stride1; }, kv_scale);
   }
 }
 

@@ -18,9 +18,11 @@ namespace {
 void mla_cache_append_cuda(const at::Tensor& latent_cache, const at::Tensor& c_kv, const at::Tensor& k_pe,
                            const std::optional<at::Tensor>& cache_seqlens,
                            const std::optional<at::Tensor>& slot_mapping,
-                           const std::optional<at::Tensor>& cache_batch_idx) {
+                           const std::optional<at::Tensor>& cache_batch_idx,
+                           const std::optional<at::Tensor>& kv_scale) {
   const char* op = "attn_ops.mla_cache_append";
-  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx);
+  check_mla_cache_append_inputs(latent_cache, c_kv, k_pe, cache_seqlens, slot_mapping, cache_batch_idx, kv_scale);
+  check_backend_reads_cache(op, {"latent_cache", latent_cache}, "CUDA");
   const c10::cuda::CUDAGuard guard(latent_cache.device());
   // Contiguous cache only (the validation refuses it with slot_mapping): batch row b writes cache row
   // cache_batch_idx[b], distinct rows.
