@@ -112,8 +112,8 @@ def mla_case(args, B, T):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--gqa", nargs="+", default=["1x32768", "32x4096"], help="GQA cases, BxCONTEXT")
-    p.add_argument("--mla", nargs="+", default=["16x4096"], help="MLA cases, BxCONTEXT")
+    p.add_argument("--gqa", nargs="*", default=["1x32768", "32x4096"], help="GQA cases, BxCONTEXT")
+    p.add_argument("--mla", nargs="*", default=["16x4096"], help="MLA cases, BxCONTEXT")
     p.add_argument("--hq", type=int, default=32)
     p.add_argument("--hkv", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)

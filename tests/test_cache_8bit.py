@@ -166,15 +166,24 @@ def test_mla_cache_append_scales_every_column(fmt, paged):
 # --------------------------------------------------------------------------------------------------
 # Attention over 8-bit caches
 # --------------------------------------------------------------------------------------------------
-def quantized_cache_inputs(fmt, dtype, B, Tq, Hq, Hkv, D, Dv, lens, block_size, scale_kind, seed):
-    """q in the model dtype, 8-bit caches (random, quantized from model-dtype values, past each row's length too)
-    and their scales."""
+def head_major(cache):
+    """The same values as the [rows, slots, Hkv, D] view of a [rows, Hkv, slots, D] tensor: each KV head's rows
+    contiguous, as KVCache / PagedKVCache store them on the CPU (the decode kernel then reads one head per item and
+    converts 8-bit rows in registers)."""
+    return cache.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def quantized_cache_inputs(fmt, dtype, B, Tq, Hq, Hkv, D, Dv, lens, block_size, scale_kind, seed, layout="bshd"):
+    """q in the model dtype, 8-bit caches (random, quantized from model-dtype values, past each row's length too;
+    layout "bshd" or "head_major") and their scales."""
     torch.manual_seed(seed)
     q, k_cache, v_cache, seqlens, bt = kvcache_inputs(B, Tq, Hq, Hkv, D, Dv, lens, dtype=dtype,
                                                       block_size=block_size)
     k_scale, v_scale = make_scale(scale_kind, Hkv, seed + 1), make_scale(scale_kind, Hkv, seed + 2)
     k8 = quantized(k_cache * 3, k_scale, fmt)
     v8 = quantized(v_cache * 3, v_scale, fmt)
+    if layout == "head_major":
+        k8, v8 = head_major(k8), head_major(v8)
     return q, k8, v8, seqlens, bt, k_scale, v_scale
 
 
@@ -194,20 +203,23 @@ CASES = {
     "decode_gqa_contiguous": (1, 8, 2, 64, 64, [37, 1, 100], None),
     "decode_mqa_paged3": (1, 8, 1, 32, 32, [5, 30, 4], 3),
     "decode_paged1": (1, 4, 4, 32, 16, [9, 1], 1),
+    "decode_d72_dv40_contiguous": (2, 8, 2, 72, 40, [70, 33], None),  # partial 32-value chunks
+    "decode_long_paged16": (1, 4, 1, 128, 128, [1500, 700], 16),  # key splits
     "spec_tq4_paged16": (4, 8, 2, 64, 64, [40, 70], 16),
     "prefill_tq40_contiguous": (40, 4, 2, 32, 32, [60, 40], None),
     "prefill_tq24_paged16": (24, 8, 2, 64, 32, [90, 24], 16),
 }
 
 
+@pytest.mark.parametrize("layout", ["bshd", "head_major"])
 @pytest.mark.parametrize("scale_kind", ["none", "scalar", "per_head"])
 @pytest.mark.parametrize("dtype", MODEL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("fmt", FORMATS, ids=dtype_id)
 @pytest.mark.parametrize("case", list(CASES))
-def test_attention_over_8bit_cache_matches_dequantized_reference(case, fmt, dtype, scale_kind):
+def test_attention_over_8bit_cache_matches_dequantized_reference(case, fmt, dtype, scale_kind, layout):
     Tq, Hq, Hkv, D, Dv, lens, bs = CASES[case]
     q, k8, v8, seqlens, bt, k_scale, v_scale = quantized_cache_inputs(fmt, dtype, len(lens), Tq, Hq, Hkv, D, Dv,
-                                                                      lens, bs, scale_kind, 20)
+                                                                      lens, bs, scale_kind, 20, layout)
     check_against_dequantized(q, k8, v8, seqlens, k_scale, v_scale, block_table=bt)
 
 
@@ -217,10 +229,12 @@ def test_attention_over_8bit_cache_matches_dequantized_reference(case, fmt, dtyp
 def test_each_isa_copy_reads_8bit_caches(fmt, dtype, isa, monkeypatch):
     """The conversion runs in each instruction set's copy of the decode and prefill kernels."""
     force_isa(monkeypatch, isa)
-    for case in ("decode_gqa_contiguous", "decode_paged1", "prefill_tq24_paged16"):
+    for case, layout in [("decode_gqa_contiguous", "bshd"), ("decode_gqa_contiguous", "head_major"),
+                         ("decode_d72_dv40_contiguous", "head_major"), ("decode_paged1", "bshd"),
+                         ("prefill_tq24_paged16", "head_major")]:
         Tq, Hq, Hkv, D, Dv, lens, bs = CASES[case]
         q, k8, v8, seqlens, bt, k_scale, v_scale = quantized_cache_inputs(fmt, dtype, len(lens), Tq, Hq, Hkv, D, Dv,
-                                                                          lens, bs, "per_head", 25)
+                                                                          lens, bs, "per_head", 25, layout)
         check_against_dequantized(q, k8, v8, seqlens, k_scale, v_scale, block_table=bt)
 
 

@@ -10,6 +10,11 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -72,9 +77,76 @@ inline void dequantize_row(const uint8_t* src, dst_t* dst, int64_t n) {
   }
 }
 
-// dequantize_row for a format known at run time.
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+// AVX512-VBMI (Ice Lake, Zen 4 and later): each of a 16-bit dtype's two bytes of the 128 magnitudes (the sign is one
+// bit) as a byte table, which one vpermi2b reads for 64 values; about 10 instructions per 64 values, against about
+// 25 per 16 for the arithmetic above. Exact for every code: the tables are the arithmetic's results.
+struct ByteTables {
+  alignas(64) uint8_t high[128];
+  alignas(64) uint8_t low[128];
+};
+
+template <Cache8Bit format, typename dst_t>
+const ByteTables& byte_tables() {
+  static const ByteTables tables = [] {
+    ByteTables t;
+    for (int x = 0; x < 128; ++x) {
+      dst_t value;
+      dequantize_row<format>(reinterpret_cast<const uint8_t*>(&x), &value, 1);  // x < 128: its low byte
+      uint16_t bits;
+      std::memcpy(&bits, &value, 2);
+      t.high[x] = static_cast<uint8_t>(bits >> 8);
+      t.low[x] = static_cast<uint8_t>(bits);
+    }
+    return t;
+  }();
+  return tables;
+}
+
+inline bool cpu_has_avx512vbmi() {
+  static const bool has = __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
+// dst[i] = the 16-bit (bfloat16 / float16) bits of src[i], i < n, through the tables.
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) inline void dequantize_row_vbmi(const uint8_t* src,
+                                                                                     uint16_t* dst, int64_t n,
+                                                                                     const ByteTables& t) {
+  const __m512i high0 = _mm512_load_si512(t.high), high1 = _mm512_load_si512(t.high + 64);
+  const __m512i low0 = _mm512_load_si512(t.low), low1 = _mm512_load_si512(t.low + 64);
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  // unpacklo / unpackhi interleave within 128-bit lanes: these put the 64 results back in order
+  const __m512i first = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+  const __m512i second = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  for (int64_t i = 0; i < n; i += 64) {
+    const int64_t m = std::min<int64_t>(64, n - i);
+    const __mmask64 in_mask = m == 64 ? ~__mmask64(0) : (__mmask64(1) << m) - 1;
+    const __m512i x = _mm512_maskz_loadu_epi8(in_mask, src + i);
+    const __m512i high = _mm512_or_si512(_mm512_permutex2var_epi8(high0, x, high1), _mm512_and_si512(x, sign));
+    const __m512i low = _mm512_permutex2var_epi8(low0, x, low1);
+    const __m512i lo_pairs = _mm512_unpacklo_epi8(low, high), hi_pairs = _mm512_unpackhi_epi8(low, high);
+    const __m512i out0 = _mm512_permutex2var_epi64(lo_pairs, first, hi_pairs);
+    const __m512i out1 = _mm512_permutex2var_epi64(lo_pairs, second, hi_pairs);
+    const __mmask32 out0_mask = m >= 32 ? ~__mmask32(0) : (__mmask32(1) << m) - 1;
+    const __mmask32 out1_mask = m == 64 ? ~__mmask32(0) : m <= 32 ? 0 : (__mmask32(1) << (m - 32)) - 1;
+    _mm512_mask_storeu_epi16(dst + i, out0_mask, out0);
+    _mm512_mask_storeu_epi16(dst + i + 32, out1_mask, out1);
+  }
+}
+#endif
+
+// dequantize_row for a format known at run time (16-bit outputs through the byte tables where the CPU has VBMI).
 template <typename dst_t>
 inline void dequantize_row(Cache8Bit format, const uint8_t* src, dst_t* dst, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+  if constexpr (!std::is_same_v<dst_t, float>) {
+    if (cpu_has_avx512vbmi()) {
+      const ByteTables& tables = format == Cache8Bit::e4m3fn ? byte_tables<Cache8Bit::e4m3fn, dst_t>()
+                                                             : byte_tables<Cache8Bit::e5m2, dst_t>();
+      return dequantize_row_vbmi(src, reinterpret_cast<uint16_t*>(dst), n, tables);
+    }
+  }
+#endif
   if (format == Cache8Bit::e4m3fn) {
     dequantize_row<Cache8Bit::e4m3fn>(src, dst, n);
   } else {

@@ -21,6 +21,8 @@
 // copies only.
 #pragma once
 
+#include "attention/cpu/cache_8bit.h"
+
 #include <cstring>
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -45,6 +47,42 @@ inline __m512i load_chunk(const c10::BFloat16* x, __mmask32 mask) {
     return _mm512_loadu_si512(x);
   }
 }
+
+// How the blocks read a chunk of a row, as raw bfloat16 lanes: a bfloat16 cache's rows as they are...
+struct Bf16Rows {
+  template <bool kMasked>
+  __m512i chunk(const c10::BFloat16* row, int64_t d, __mmask32 mask) const {
+    return load_chunk<kMasked>(row + d, mask);
+  }
+};
+
+// ... or the rows of an 8-bit cache (row: its byte address, as locate gives it when it converts nothing), each
+// chunk of 32 codes converted in registers through the bfloat16 byte tables of cache_8bit.h: both bytes of every
+// 16-bit lane hold the code, one vpermi2b per table picks the low and the high byte, the sign is the code's top
+// bit. About 8 instructions per 32 values instead of a tile converted through L1 (cache_8bit.h's dequantize_row):
+// decode over such a cache read at 29-33% of the copy bandwidth that way (zen4_cache_8bit.md). vpermi2b is AVX512-VBMI
+// (Ice Lake, Zen 4 and later), written as inline assembly, as vdpbf16ps, so the AVX-512 copy loads on CPUs without it;
+// decode_rows_bf16 takes this path only where the CPU has it.
+struct Cache8BitRows {
+  __m512i high0, high1, low0, low1;  // the bfloat16 byte tables of the 128 magnitudes
+
+  explicit Cache8BitRows(const ByteTables& t)
+      : high0(_mm512_load_si512(t.high)), high1(_mm512_load_si512(t.high + 64)), low0(_mm512_load_si512(t.low)),
+        low1(_mm512_load_si512(t.low + 64)) {}
+
+  template <bool kMasked>
+  __m512i chunk(const c10::BFloat16* row, int64_t d, __mmask32 mask) const {
+    const uint8_t* x = reinterpret_cast<const uint8_t*>(row) + d;
+    const __m256i codes = kMasked ? _mm256_maskz_loadu_epi8(mask, x) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m512i w = _mm512_cvtepu8_epi16(codes);
+    const __m512i both = _mm512_or_si512(w, _mm512_slli_epi16(w, 8));  // the code in both bytes of its lane
+    __m512i low = both, high = both;  // vpermi2b: index bit 6 picks the table half, bit 7 (the sign) is ignored
+    asm("vpermi2b %2, %1, %0" : "+v"(low) : "v"(low0), "v"(low1));
+    asm("vpermi2b %2, %1, %0" : "+v"(high) : "v"(high0), "v"(high1));
+    const __m512i bytes = _mm512_mask_mov_epi8(low, static_cast<__mmask64>(0xAAAAAAAAAAAAAAAAull), high);
+    return _mm512_or_si512(bytes, _mm512_and_si512(both, _mm512_set1_epi16(static_cast<int16_t>(0x8000))));
+  }
+};
 
 // The even and odd elements of a chunk as float32 vectors.
 struct EvenOdd {
@@ -88,9 +126,9 @@ struct PairProducts {
 
 // s[r * lds + j] = scale * (q_r . key_j) for RB rows and KB keys (RB * KB <= 16: one store_lane_sums tree); q
 // [RB, ldq] as Products takes it, zero past dim; the last partial chunk of keys by a masked load.
-template <typename Products, int RB, int KB>
+template <typename Products, int RB, int KB, typename Rows>
 inline void chunk_score_block(const typename Products::q_t* q, int64_t ldq, int64_t dim,
-                              const c10::BFloat16* const* keys, float scale, float* s, int64_t lds) {
+                              const c10::BFloat16* const* keys, float scale, float* s, int64_t lds, const Rows& rows) {
   __m512 acc[RB][KB];
   ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
@@ -107,7 +145,7 @@ inline void chunk_score_block(const typename Products::q_t* q, int64_t ldq, int6
     }
     ATTN_OPS_UNROLL
     for (int j = 0; j < KB; ++j) {
-      const auto kc = Products::key(load_chunk<decltype(masked)::value>(keys[j] + d, mask));
+      const auto kc = Products::key(rows.template chunk<decltype(masked)::value>(keys[j], d, mask));
       ATTN_OPS_UNROLL
       for (int r = 0; r < RB; ++r) {
         acc[r][j] = Products::multiply_add(qc[r], kc, acc[r][j]);
@@ -142,17 +180,18 @@ inline void block_accumulators(float* o, int64_t ldo, __m512 (&acc)[RB][N], bool
 
 // o[r * ldo + chunk c] += sum_j p[r * ldp + j] * value_j[chunk c] for RB rows, NC chunks from column d0 (a
 // multiple of 32), j < n; o in even / odd chunk order. kMaskedLast: the last chunk is partial (its `mask`).
-template <int RB, int NC, bool kMaskedLast>
+template <int RB, int NC, bool kMaskedLast, typename Rows>
 inline void bf16_value_block(const float* p, int64_t ldp, const c10::BFloat16* const* values, int64_t n, int64_t d0,
-                             __mmask32 mask, float* o, int64_t ldo) {
+                             __mmask32 mask, float* o, int64_t ldo, const Rows& rows) {
   __m512 acc[RB][2 * NC];
   block_accumulators<RB, 2 * NC>(o + d0, ldo, acc, /*store=*/false);
   for (int64_t j = 0; j < n; ++j) {
     EvenOdd v[NC];
     ATTN_OPS_UNROLL
     for (int c = 0; c < NC; ++c) {
-      const c10::BFloat16* src = values[j] + d0 + c * kBf16Chunk;
-      v[c] = widen_even_odd(kMaskedLast && c == NC - 1 ? load_chunk<true>(src, mask) : load_chunk<false>(src, mask));
+      const int64_t d = d0 + c * kBf16Chunk;
+      v[c] = widen_even_odd(kMaskedLast && c == NC - 1 ? rows.template chunk<true>(values[j], d, mask)
+                                                       : rows.template chunk<false>(values[j], d, mask));
     }
     ATTN_OPS_UNROLL
     for (int r = 0; r < RB; ++r) {
@@ -173,14 +212,14 @@ inline void bf16_value_block(const float* p, int64_t ldp, const c10::BFloat16* c
 // 16-19, 24-27} (lo) and {4-7, 12-15, 20-23, 28-31} (hi) side by side as pairs, and one vdpbf16ps per 16 columns
 // multiplies them by the broadcast pair (p_j, p_j+1): 16 instructions per key and 4 rows at a head dim of 128
 // against the widened path's 32 FMAs and 8 widenings. o keeps that pair order (bf16_unpermute_row).
-template <int RB, int NC, bool kMaskedLast>
+template <int RB, int NC, bool kMaskedLast, typename Rows>
 inline void bf16_value_block_pairs(const c10::BFloat16* p, int64_t ldp, const c10::BFloat16* const* values, int64_t n,
-                                   int64_t d0, __mmask32 mask, float* o, int64_t ldo) {
+                                   int64_t d0, __mmask32 mask, float* o, int64_t ldo, const Rows& rows) {
   __m512 acc[RB][2 * NC];
   block_accumulators<RB, 2 * NC>(o + d0, ldo, acc, /*store=*/false);
   const auto load = [&](const c10::BFloat16* row, int c) {
-    const c10::BFloat16* src = row + d0 + c * kBf16Chunk;
-    return kMaskedLast && c == NC - 1 ? load_chunk<true>(src, mask) : load_chunk<false>(src, mask);
+    const int64_t d = d0 + c * kBf16Chunk;
+    return kMaskedLast && c == NC - 1 ? rows.template chunk<true>(row, d, mask) : rows.template chunk<false>(row, d, mask);
   };
   for (int64_t j = 0; j < n; j += 2) {
     __m512i lo[NC], hi[NC];
@@ -235,10 +274,10 @@ inline void bf16_permute_row(const float* src, float* dst, int64_t dim) {
   }
 }
 
-// decode_rows' blocks for a bfloat16 cache (see the top of this file). acc: the output accumulators [heads,
-// rows, padded dim_v] in even / odd chunk order; q: [heads, rows, padded dim_qk] as Products takes it, the
-// scores multiplied by q_scale (1 where q carries the softmax scale).
-template <typename Products>
+// decode_rows' blocks for a bfloat16 cache, or an 8-bit one read through Cache8BitRows (see the top of this file).
+// acc: the output accumulators [heads, rows, padded dim_v] in even / odd chunk order; q: [heads, rows, padded
+// dim_qk] as Products takes it, the scores multiplied by q_scale (1 where q carries the softmax scale).
+template <typename Products, typename Rows = Bf16Rows>
 struct Bf16Blocks {
   static constexpr int kRowBlock = 4;  // 4 rows x 2 chunks x (even, odd) = 16 P V accumulators
   static constexpr int64_t kPairsLd = kDecodeChunk + 2;  // bfloat16 weights per row for the pairs (n + 1, even)
@@ -247,6 +286,7 @@ struct Bf16Blocks {
   int64_t ld_acc;
   const typename Products::q_t* q;
   float q_scale;
+  Rows rows;
 
   template <int RB>
   static constexpr int score_keys() {
@@ -256,7 +296,7 @@ struct Bf16Blocks {
   template <int RB, int KB>
   void scores(int64_t head, int64_t r0, const c10::BFloat16* const* keys, float* s, int64_t lds) const {
     const int64_t ldq = padded_to_chunks(a.dim_qk);
-    chunk_score_block<Products, RB, KB>(q + (head * a.rows + r0) * ldq, ldq, a.dim_qk, keys, q_scale, s, lds);
+    chunk_score_block<Products, RB, KB>(q + (head * a.rows + r0) * ldq, ldq, a.dim_qk, keys, q_scale, s, lds, rows);
   }
 
   template <int RB>
@@ -281,9 +321,9 @@ struct Bf16Blocks {
       const auto run = [&](auto nc, auto m) {
         if constexpr (Products::kPairValues) {
           bf16_value_block_pairs<RB, decltype(nc)::value, decltype(m)::value>(p_pairs, kPairsLd, vrows, n, d0, last,
-                                                                              o, ld_acc);
+                                                                              o, ld_acc, rows);
         } else {
-          bf16_value_block<RB, decltype(nc)::value, decltype(m)::value>(p, ldp, vrows, n, d0, last, o, ld_acc);
+          bf16_value_block<RB, decltype(nc)::value, decltype(m)::value>(p, ldp, vrows, n, d0, last, o, ld_acc, rows);
         }
       };
       if (c + 1 < chunks) {
@@ -312,6 +352,21 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
   const int64_t ld_q = padded_to_chunks(Dqk), ld_acc = padded_to_chunks(Dv);
   float* acc = a.stream_scratch;            // [heads, rows, ld_acc]
   float* q_perm = acc + all_rows * ld_acc;  // [heads, rows, ld_q]
+  // An 8-bit cache read in registers (Cache8BitRows) where the CPU has VBMI and each item is one KV head, whose
+  // rows stream_tiles prefetches and never touches (staged reads would load a bfloat16 row's bytes past an 8-bit
+  // row's end): locate then points at the cache rows themselves (converted_keys null).
+  const bool in_registers = a.rows_8bit != Cache8Bit::none && a.heads == 1 && cpu_has_avx512vbmi();
+  const Cache8BitRows rows_8bit(a.rows_8bit == Cache8Bit::e5m2 ? byte_tables<Cache8Bit::e5m2, c10::BFloat16>()
+                                                               : byte_tables<Cache8Bit::e4m3fn, c10::BFloat16>());
+  DecodeRows<c10::BFloat16, float> raw = a;
+  raw.converted_keys = raw.converted_values = nullptr;
+  const auto stream = [&](const auto& blocks, const auto& blocks_8bit) {
+    if (in_registers) {
+      stream_tiles(raw, blocks_8bit, acc, ld_acc);
+    } else {
+      stream_tiles(a, blocks, acc, ld_acc);
+    }
+  };
   // Q K^T and P V on pairs (which also sets the order of acc's columns: bf16_unpermute_row)
   const bool pairs = decode_scores_on_pairs() && multiply_unscaled_q(a.scale);
   if (pairs) {
@@ -322,12 +377,14 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
         q_pairs[r * ld_q + d] = d < Dqk ? c10::BFloat16(a.q[r * Dqk + d] / a.scale) : c10::BFloat16(0.f);
       }
     }
-    stream_tiles(a, Bf16Blocks<PairProducts>{a, acc, ld_acc, q_pairs, a.scale}, acc, ld_acc);
+    stream(Bf16Blocks<PairProducts>{a, acc, ld_acc, q_pairs, a.scale, {}},
+           Bf16Blocks<PairProducts, Cache8BitRows>{a, acc, ld_acc, q_pairs, a.scale, rows_8bit});
   } else {
     for (int64_t r = 0; r < all_rows; ++r) {
       bf16_permute_row(a.q + r * Dqk, q_perm + r * ld_q, Dqk);
     }
-    stream_tiles(a, Bf16Blocks<WidenedProducts>{a, acc, ld_acc, q_perm, 1.f}, acc, ld_acc);
+    stream(Bf16Blocks<WidenedProducts>{a, acc, ld_acc, q_perm, 1.f, {}},
+           Bf16Blocks<WidenedProducts, Cache8BitRows>{a, acc, ld_acc, q_perm, 1.f, rows_8bit});
   }
   for (int64_t r = 0; r < all_rows; ++r) {
     bf16_unpermute_row(acc + r * ld_acc, a.out + r * Dv, Dv, pairs);

@@ -74,7 +74,7 @@ struct CacheRows {
 
 // Points keys[j] / values[j] at the cache rows of keys k0 + j of KV head `head`; an 8-bit cache's rows are
 // converted into the scratch rows of those slots of key_rows / value_rows, which the kernel reads instead (a
-// tile at a time, in L1/L2: no copy of the cache).
+// tile at a time, in L1/L2: no copy of the cache), unless the kernel converts them in registers.
 template <typename scalar_t, typename acc_t, typename cache_t>
 void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0, int64_t n, const scalar_t** keys,
                  const scalar_t** values) {
@@ -84,15 +84,34 @@ void locate_rows(const DecodeRows<scalar_t, acc_t>& a, int64_t head, int64_t k0,
       keys[j] = c.k + c.k_layout->at(a.batch, k0 + j, head);
       values[j] = c.v + c.v_layout->at(a.batch, k0 + j, head);
     }
+  } else if (a.converted_keys == nullptr) {  // a kernel that converts in registers (DecodeRows::rows_8bit)
+    for (int64_t j = 0; j < n; ++j) {
+      keys[j] = reinterpret_cast<const scalar_t*>(c.k + c.k_layout->at(a.batch, k0 + j, head));
+      values[j] = reinterpret_cast<const scalar_t*>(c.v + c.v_layout->at(a.batch, k0 + j, head));
+    }
   } else {
+    // Rows past a tile (the GEMM kernels ask for the next tile's with this one's, to prefetch them) are pointed at,
+    // not converted: the next call converts them. Values that are a prefix of their key's row (MLA's latent cache)
+    // share its converted row.
     const int64_t slot = keys - a.key_rows;  // also values - a.value_rows
     for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* key_row = c.k + c.k_layout->at(a.batch, k0 + j, head);
+      const uint8_t* value_row = c.v + c.v_layout->at(a.batch, k0 + j, head);
+      if (j >= a.tile) {
+        keys[j] = reinterpret_cast<const scalar_t*>(key_row);
+        values[j] = reinterpret_cast<const scalar_t*>(value_row);
+        continue;
+      }
       scalar_t* key = a.converted_keys + (slot + j) * a.dim_qk;
-      scalar_t* value = a.converted_values + (slot + j) * a.dim_v;
-      c.dequantize(c.format, c.k + c.k_layout->at(a.batch, k0 + j, head), key, a.dim_qk);
-      c.dequantize(c.format, c.v + c.v_layout->at(a.batch, k0 + j, head), value, a.dim_v);
+      c.dequantize(c.format, key_row, key, a.dim_qk);
       keys[j] = key;
-      values[j] = value;
+      if (value_row == key_row && a.dim_v <= a.dim_qk) {
+        values[j] = key;
+      } else {
+        scalar_t* value = a.converted_values + (slot + j) * a.dim_v;
+        c.dequantize(c.format, value_row, value, a.dim_v);
+        values[j] = value;
+      }
     }
   }
 }
@@ -216,6 +235,7 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.layouts = &cache;
         a.converted_keys = s.converted_keys.empty() ? nullptr : s.converted_keys.data();
         a.converted_values = s.converted_values.empty() ? nullptr : s.converted_values.data();
+        a.rows_8bit = p.cache_8bit;
         a.batch = b;
         a.kv_head = h0;
         a.k_begin = k_begin;

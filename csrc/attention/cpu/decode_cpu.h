@@ -51,6 +51,9 @@ struct DecodeRows {
   // ([key_rows' length, dim_qk] and [.., dim_v]); null for a cache of scalar_t, whose rows locate points at.
   scalar_t* converted_keys = nullptr;
   scalar_t* converted_values = nullptr;
+  // An 8-bit cache's format. A kernel that converts its rows in registers copies this struct with converted_keys /
+  // converted_values null: locate then points key_rows / value_rows at the cache's rows (their byte addresses).
+  Cache8Bit rows_8bit = Cache8Bit::none;
   int64_t batch = 0, kv_head = 0, k_begin = 0, k_end = 0;
   acc_t softcap = 0;
   const double* alibi = nullptr;      // [heads, rows]: each row's ALiBi slope, or null
