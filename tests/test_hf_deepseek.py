@@ -228,6 +228,31 @@ def test_generate_greedy_and_cache_size(name, dtype, device):
     assert_cache_rows(cache, hf_cache, ref.past_key_values, name, pads=(0, 0))
 
 
+def test_generate_over_8bit_latent_cache():
+    """DeepseekLatentCache(dtype=float8_e4m3fn, kv_scale=...): every layer's rows are stored in one byte per value
+    (layer 0's prompt rows, which depend on the tokens alone, byte for byte the quantized rows of a full-width
+    prefill of the same prompt), and the logits stay close to the full-width cache's (a read without the scale
+    would be off by a factor of 1 / kv_scale)."""
+    _, ours = build("v3")
+    cfg = ours.config
+    ids = torch.randint(1, VOCAB, (2, 6))
+    kv_scale, fmt = 0.02, torch.float8_e4m3fn
+    cache8 = DeepseekLatentCache(cfg, dtype=fmt, kv_scale=kv_scale)
+    mine8 = greedy(ours, ids, past_key_values=cache8, output_logits=True)
+    assert mine8.sequences.shape == (2, 6 + 8)
+    assert all(layer.latent.dtype == fmt for layer in cache8.layers)
+    assert cache8.bytes_per_token == cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    cache32 = DeepseekLatentCache(cfg)
+    with torch.no_grad():
+        logits32 = ours(ids, past_key_values=cache32).logits[:, -1]
+    rows32 = cache32.layers[0].latent.latent[0][:, :6]
+    rows8 = cache8.layers[0].latent.latent[0][:, :6]
+    want = (rows32 / kv_scale).clamp(-448, 448).to(fmt)
+    assert torch.equal(rows8.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
+    rel = float((mine8.logits[0] - logits32).abs().max() / logits32.abs().max())
+    assert rel < 0.1, rel
+
+
 @pytest.mark.parametrize("name", ["v3_yarn_bias", "v2"])
 def test_generate_left_padded(name, device):
     hf, ours = build(name, device=device)

@@ -41,9 +41,11 @@ class _LatentLayer(CacheLayerMixin):
     is_croppable = True
     supports_early_init = False
 
-    def __init__(self, kv_lora_rank: int, rope_dim: int, min_capacity: int):
+    def __init__(self, kv_lora_rank: int, rope_dim: int, min_capacity: int, cache_dtype: Optional[torch.dtype] = None,
+                 kv_scale=None):
         super().__init__()
         self.kv_lora_rank, self.rope_dim, self.min_capacity = kv_lora_rank, rope_dim, min_capacity
+        self.cache_dtype, self.kv_scale = cache_dtype, kv_scale
         self.latent: Optional[LatentKVCache] = None
         self.seen = 0
 
@@ -90,6 +92,7 @@ class _LatentLayer(CacheLayerMixin):
         """The layer's :class:`LatentKVCache`, with room for ``num_new`` more token slots per row."""
         need = self.seen + num_new
         old = self.latent
+        dtype = self.cache_dtype or dtype  # the storage's
         if old is not None and (old.batch_size, old.dtype, old.device) != (batch_size, dtype, device):
             if self.seen:
                 raise ValueError(
@@ -101,7 +104,7 @@ class _LatentLayer(CacheLayerMixin):
             return old
         capacity = max(need, self.min_capacity, 2 * old.capacity if old is not None else 0)
         new = LatentKVCache(1, batch_size, capacity, self.kv_lora_rank, self.rope_dim, dtype=dtype,
-                            device=device)
+                            device=device, kv_scale=self.kv_scale)
         if old is not None:
             new.latent[0][:, :old.capacity].copy_(old.latent[0])
             new.seqlens.copy_(old.seqlens)
@@ -130,19 +133,23 @@ class DeepseekLatentCache(Cache):
         max_cache_len: optional first capacity in tokens per row (e.g. prompt length +
             ``max_new_tokens``), so that generation never reallocates; by default the first write
             sizes it and it doubles whenever full.
+        dtype: the rows' dtype; by default the model's. ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``
+            store one byte per value (CPU), with ``kv_scale`` (a float or a one-value float32 tensor, every
+            layer; default 1) as :class:`attn_ops.caches.LatentKVCache`.
 
     Batch size, dtype and device come from the first forward; a later forward must match them while
     the cache holds tokens (``reset()`` empties it). ``bytes_per_token`` sums the layers' latent row
     bytes: ``num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * element_size``.
     """
 
-    def __init__(self, config, max_cache_len: Optional[int] = None):
+    def __init__(self, config, max_cache_len: Optional[int] = None, *, dtype: Optional[torch.dtype] = None,
+                 kv_scale=None):
         if max_cache_len is not None and (not isinstance(max_cache_len, int)
                                           or isinstance(max_cache_len, bool) or max_cache_len < 1):
             raise ValueError(f"max_cache_len must be None or an int >= 1, got {max_cache_len!r}")
         config = config.get_text_config(decoder=True)
         layers: List[CacheLayerMixin] = [
-            _LatentLayer(config.kv_lora_rank, config.qk_rope_head_dim, max_cache_len or 1)
+            _LatentLayer(config.kv_lora_rank, config.qk_rope_head_dim, max_cache_len or 1, dtype, kv_scale)
             for _ in range(config.num_hidden_layers)]
         super().__init__(layers=layers)
 
