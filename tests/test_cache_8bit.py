@@ -187,8 +187,10 @@ def quantized_cache_inputs(fmt, dtype, B, Tq, Hq, Hkv, D, Dv, lens, block_size, 
     return q, k8, v8, seqlens, bt, k_scale, v_scale
 
 
-def check_against_dequantized(q, k8, v8, seqlens, k_scale, v_scale, ref_fn=attention_with_kvcache_ref, **kw):
-    out, lse = attn_ops.attention_with_kvcache(q, k8, v8, seqlens, k_scale=k_scale, v_scale=v_scale, **kw)
+def check_against_dequantized(q, k8, v8, seqlens, k_scale, v_scale, ref_fn=attention_with_kvcache_ref,
+                              num_splits=0, **kw):
+    out, lse = attn_ops.attention_with_kvcache(q, k8, v8, seqlens, k_scale=k_scale, v_scale=v_scale,
+                                               num_splits=num_splits, **kw)
     assert out.dtype == q.dtype and lse.dtype == torch.float32
     k64, v64 = dequantized(k8, k_scale), dequantized(v8, v_scale)
     r_out, r_lse = ref_fn(q, k64, v64, seqlens, **kw)
@@ -236,6 +238,22 @@ def test_each_isa_copy_reads_8bit_caches(fmt, dtype, isa, monkeypatch):
         q, k8, v8, seqlens, bt, k_scale, v_scale = quantized_cache_inputs(fmt, dtype, len(lens), Tq, Hq, Hkv, D, Dv,
                                                                           lens, bs, "per_head", 25, layout)
         check_against_dequantized(q, k8, v8, seqlens, k_scale, v_scale, block_table=bt)
+
+
+@pytest.mark.parametrize("products", ["pairs", "widened"])
+@pytest.mark.parametrize("fmt", FORMATS, ids=dtype_id)
+def test_bf16_decode_reads_8bit_rows_in_registers(fmt, products, monkeypatch):
+    """bfloat16 decode over head-major 8-bit caches converts in registers: 64 codes a load with the bfloat16-pair
+    products (head dims in whole 64s), 32 otherwise, and with the widened float32 products (ATTN_OPS_CPU_AVX512BF16=0;
+    on a CPU without AVX512-BF16 or VBMI both take the other paths)."""
+    monkeypatch.setenv("ATTN_OPS_CPU_AVX512BF16", "1" if products == "pairs" else "0")
+    for case in ("decode_gqa_contiguous", "decode_d72_dv40_contiguous", "decode_long_paged16", "spec_tq4_paged16"):
+        Tq, Hq, Hkv, D, Dv, lens, bs = CASES[case]
+        q, k8, v8, seqlens, bt, k_scale, v_scale = quantized_cache_inputs(fmt, torch.bfloat16, len(lens), Tq, Hq, Hkv,
+                                                                          D, Dv, lens, bs, "per_head", 35,
+                                                                          "head_major")
+        check_against_dequantized(q, k8, v8, seqlens, k_scale, v_scale, block_table=bt)
+        check_against_dequantized(q, k8, v8, seqlens, k_scale, v_scale, block_table=bt, num_splits=1)
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=dtype_id)

@@ -258,8 +258,8 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
   float* scores_t = a.q_t;
   float* out = scores_t + tile * np;
   const bool unscaled = multiply_unscaled_q(a.scale);
-  const float q_factor = unscaled ? 1.f / a.scale : 1.f;  // a.q holds q * scale
   for (int64_t head = 0; head < a.heads; ++head) {
+    const float q_factor = unscaled ? 1.f / a.q_factor(head) : 1.f;  // a.q holds q * a.q_factor(head)
     for (int64_t rb = 0; rb < row_blocks; ++rb) {
       for (int64_t s = 0; s < steps_qk; ++s) {
         bf16* dst = q_packed + ((head * row_blocks + rb) * steps_qk + s) * 512;
@@ -309,7 +309,7 @@ void decode_rows_amx(const DecodeRows<scalar_t, float>& a) {
       for (int64_t r = 0; r < rows; ++r) {
         float* srow = a.scores + r * tile;
         if (unscaled) {
-          scale_row(srow, n, a.scale);
+          scale_row(srow, n, a.q_factor(head));
         }
         const int64_t lo = std::max<int64_t>(a.key_lo[r] - k0, 0);
         const int64_t hi = std::min<int64_t>(a.key_hi[r] - k0, n - 1);

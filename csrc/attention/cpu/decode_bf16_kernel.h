@@ -59,10 +59,11 @@ struct Bf16Rows {
 // ... or the rows of an 8-bit cache (row: its byte address, as locate gives it when it converts nothing), each
 // chunk of 32 codes converted in registers through the bfloat16 byte tables of cache_8bit.h: both bytes of every
 // 16-bit lane hold the code, one vpermi2b per table picks the low and the high byte, the sign is the code's top
-// bit. About 8 instructions per 32 values instead of a tile converted through L1 (cache_8bit.h's dequantize_row):
-// decode over such a cache read at 29-33% of the copy bandwidth that way (zen4_cache_8bit.md). vpermi2b is AVX512-VBMI
-// (Ice Lake, Zen 4 and later), written as inline assembly, as vdpbf16ps, so the AVX-512 copy loads on CPUs without it;
-// decode_rows_bf16 takes this path only where the CPU has it.
+// bit. About 8 instructions per 32 values, and no tile converted through L1 first (cache_8bit.h's dequantize_row,
+// which was slower than the bfloat16 cache: zen4_cache_8bit.md); head dims in whole 64s take CodeBlocks
+// (decode_8bit_blocks.h) instead. vpermi2b is AVX512-VBMI (Ice Lake, Zen 4 and later), written as inline assembly,
+// as vdpbf16ps, so the AVX-512 copy loads on CPUs without it; decode_rows_bf16 takes this path only where the CPU
+// has it.
 struct Cache8BitRows {
   __m512i high0, high1, low0, low1;  // the bfloat16 byte tables of the 128 magnitudes
 
@@ -124,12 +125,8 @@ struct PairProducts {
   static __m512 multiply_add(QChunk q, __m512i k, __m512 acc) { return add_pair_products(acc, q, k); }
 };
 
-// s[r * lds + j] = scale * (q_r . key_j) for RB rows and KB keys (RB * KB <= 16: one store_lane_sums tree); q
-// [RB, ldq] as Products takes it, zero past dim; the last partial chunk of keys by a masked load.
-template <typename Products, int RB, int KB, typename Rows>
-inline void chunk_score_block(const typename Products::q_t* q, int64_t ldq, int64_t dim,
-                              const c10::BFloat16* const* keys, float scale, float* s, int64_t lds, const Rows& rows) {
-  __m512 acc[RB][KB];
+template <int RB, int KB>
+inline void zero_accumulators(__m512 (&acc)[RB][KB]) {
   ATTN_OPS_UNROLL
   for (int r = 0; r < RB; ++r) {
     ATTN_OPS_UNROLL
@@ -137,6 +134,15 @@ inline void chunk_score_block(const typename Products::q_t* q, int64_t ldq, int6
       acc[r][j] = _mm512_setzero_ps();
     }
   }
+}
+
+// s[r * lds + j] = scale * (q_r . key_j) for RB rows and KB keys (RB * KB <= 16: one store_lane_sums tree); q
+// [RB, ldq] as Products takes it, zero past dim; the last partial chunk of keys by a masked load.
+template <typename Products, int RB, int KB, typename Rows>
+inline void chunk_score_block(const typename Products::q_t* q, int64_t ldq, int64_t dim,
+                              const c10::BFloat16* const* keys, float scale, float* s, int64_t lds, const Rows& rows) {
+  __m512 acc[RB][KB];
+  zero_accumulators(acc);
   const auto chunk = [&](int64_t d, auto masked, __mmask32 mask) {
     typename Products::QChunk qc[RB];
     ATTN_OPS_UNROLL
@@ -206,6 +212,13 @@ inline void bf16_value_block(const float* p, int64_t ldp, const c10::BFloat16* c
   block_accumulators<RB, 2 * NC>(o + d0, ldo, acc, /*store=*/true);
 }
 
+// (w[0], w[1]) as the low and high half of every 32-bit lane: two keys' weights for vdpbf16ps.
+inline __m512i broadcast_weight_pair(const c10::BFloat16* w) {
+  int32_t pair;
+  std::memcpy(&pair, w, sizeof(pair));
+  return _mm512_set1_epi32(pair);
+}
+
 // The P V of bf16_value_block on pairs of keys (vdpbf16ps), p in bfloat16: o[r * ldo + chunk c] += sum_j
 // p[r * ldp + j] * value_j[chunk c], j < n; p [RB, ldp] zero at column n when n is odd. Each step takes keys j and
 // j + 1: vpunpcklwd / vpunpckhwd of their 32-column chunks put the two keys' values of columns {0-3, 8-11,
@@ -232,9 +245,7 @@ inline void bf16_value_block_pairs(const c10::BFloat16* p, int64_t ldp, const c1
     }
     ATTN_OPS_UNROLL
     for (int r = 0; r < RB; ++r) {
-      int32_t pair;  // (p_j, p_j+1) as the low and high half of one 32-bit lane
-      std::memcpy(&pair, p + r * ldp + j, sizeof(pair));
-      const __m512i pr = _mm512_set1_epi32(pair);
+      const __m512i pr = broadcast_weight_pair(p + r * ldp + j);
       ATTN_OPS_UNROLL
       for (int c = 0; c < NC; ++c) {
         acc[r][2 * c] = add_pair_products(acc[r][2 * c], pr, lo[c]);
@@ -274,29 +285,46 @@ inline void bf16_permute_row(const float* src, float* dst, int64_t dim) {
   }
 }
 
-// decode_rows' blocks for a bfloat16 cache, or an 8-bit one read through Cache8BitRows (see the top of this file).
-// acc: the output accumulators [heads, rows, padded dim_v] in even / odd chunk order; q: [heads, rows, padded
-// dim_qk] as Products takes it, the scores multiplied by q_scale (1 where q carries the softmax scale).
-template <typename Products, typename Rows = Bf16Rows>
-struct Bf16Blocks {
-  static constexpr int kRowBlock = 4;  // 4 rows x 2 chunks x (even, odd) = 16 P V accumulators
+// What the blocks of the bfloat16 kernels share: 4 rows a block, 16 / RB keys per score block, and the weights
+// of P V on pairs in bfloat16 (rounded as SDPA's and the prefill kernels' P), a zero after an odd n.
+struct PairBlocksBase {
+  static constexpr int kRowBlock = 4;
   static constexpr int64_t kPairsLd = kDecodeChunk + 2;  // bfloat16 weights per row for the pairs (n + 1, even)
-  const DecodeRows<c10::BFloat16, float>& a;
-  float* acc;
-  int64_t ld_acc;
-  const typename Products::q_t* q;
-  float q_scale;
-  Rows rows;
 
   template <int RB>
   static constexpr int score_keys() {
     return 16 / RB;
   }
 
+  // out [RB, kPairsLd] = p [RB, ldp] in bfloat16 over n <= kDecodeChunk keys, zero at column n.
+  template <int RB>
+  static void weights_in_pairs(const float* p, int64_t ldp, int64_t n, c10::BFloat16* out) {
+    TORCH_INTERNAL_ASSERT(n <= kDecodeChunk);
+    for (int r = 0; r < RB; ++r) {
+      convert_row(p + r * ldp, out + r * kPairsLd, n);
+      out[r * kPairsLd + n] = c10::BFloat16(0.f);
+    }
+  }
+};
+
+// decode_rows' blocks for a bfloat16 cache, or an 8-bit one read through Cache8BitRows (see the top of this file).
+// acc: the output accumulators [heads, rows, padded dim_v] in even / odd chunk order; q: [heads, rows, padded
+// dim_qk] as Products takes it, the scores multiplied by a.q_factor(head) where q is the caller's (unscaled_q), by
+// 1 where q carries that factor.
+template <typename Products, typename Rows = Bf16Rows>
+struct Bf16Blocks : PairBlocksBase {  // 4 rows x 2 chunks x (even, odd) = 16 P V accumulators
+  const DecodeRows<c10::BFloat16, float>& a;
+  float* acc;
+  int64_t ld_acc;
+  const typename Products::q_t* q;
+  bool unscaled_q;
+  Rows rows;
+
   template <int RB, int KB>
   void scores(int64_t head, int64_t r0, const c10::BFloat16* const* keys, float* s, int64_t lds) const {
     const int64_t ldq = padded_to_chunks(a.dim_qk);
-    chunk_score_block<Products, RB, KB>(q + (head * a.rows + r0) * ldq, ldq, a.dim_qk, keys, q_scale, s, lds, rows);
+    chunk_score_block<Products, RB, KB>(q + (head * a.rows + r0) * ldq, ldq, a.dim_qk, keys,
+                                        unscaled_q ? a.q_factor(head) : 1.f, s, lds, rows);
   }
 
   template <int RB>
@@ -304,14 +332,9 @@ struct Bf16Blocks {
               int64_t n) const {
     const int64_t Dv = a.dim_v, chunks = padded_to_chunks(Dv) / kBf16Chunk;
     float* o = acc + (head * a.rows + r0) * ld_acc;
-    // the weights in bfloat16 for the pairs (rounded as SDPA's and the prefill kernels' P), a zero after an odd n
     c10::BFloat16 p_pairs[Products::kPairValues ? RB * kPairsLd : 1];
     if constexpr (Products::kPairValues) {
-      TORCH_INTERNAL_ASSERT(n <= kDecodeChunk);
-      for (int r = 0; r < RB; ++r) {
-        convert_row(p + r * ldp, p_pairs + r * kPairsLd, n);
-        p_pairs[r * kPairsLd + n] = c10::BFloat16(0.f);
-      }
+      weights_in_pairs<RB>(p, ldp, n, p_pairs);
     }
     const __mmask32 last = chunk_mask(Dv - (chunks - 1) * kBf16Chunk);
     const bool partial = Dv % kBf16Chunk != 0;
@@ -338,6 +361,11 @@ struct Bf16Blocks {
 };
 
 }  // namespace
+}  // namespace attn_ops::cpu::ATTN_OPS_DECODE_NS
+
+#include "attention/cpu/decode_8bit_blocks.h"  // after PairBlocksBase and Cache8BitRows
+
+namespace attn_ops::cpu::ATTN_OPS_DECODE_NS {
 
 // Whether Q K^T runs on bfloat16 pairs: where vdpbf16ps issues at the FMA's rate, twice its products (Zen 4,
 // which has no AMX). Sapphire Rapids class CPUs issue it at half that rate (a tie with the FMAs, and the kernel
@@ -369,22 +397,34 @@ inline void decode_rows_bf16(const DecodeRows<c10::BFloat16, float>& a) {
   };
   // Q K^T and P V on pairs (which also sets the order of acc's columns: bf16_unpermute_row)
   const bool pairs = decode_scores_on_pairs() && multiply_unscaled_q(a.scale);
+  if (in_registers && pairs && Dqk % kCodeBlock == 0 && Dv % kCodeBlock == 0) {  // 64 codes a load
+    auto* q_codes = reinterpret_cast<c10::BFloat16*>(q_perm);  // [heads, rows, Dqk]
+    for (int64_t r = 0; r < all_rows; ++r) {
+      arrange_q_for_codes(a.q + r * Dqk, q_codes + r * Dqk, Dqk, a.q_factor(r / a.rows));
+    }
+    stream_tiles(raw, CodeBlocks{{}, a, acc, q_codes, rows_8bit}, acc, Dv);
+    for (int64_t r = 0; r < all_rows; ++r) {
+      natural_order_of_values(acc + r * Dv, a.out + r * Dv, Dv);
+    }
+    return;
+  }
   if (pairs) {
-    // q as the caller gave it: a.q / a.scale restores its bfloat16 values, the scale goes on the sums
+    // q as the caller gave it: a.q / a.q_factor restores its bfloat16 values, the factor goes on the sums
     auto* q_pairs = reinterpret_cast<c10::BFloat16*>(q_perm);  // [heads, rows, ld_q], half of q_perm's bytes
     for (int64_t r = 0; r < all_rows; ++r) {
       for (int64_t d = 0; d < ld_q; ++d) {
-        q_pairs[r * ld_q + d] = d < Dqk ? c10::BFloat16(a.q[r * Dqk + d] / a.scale) : c10::BFloat16(0.f);
+        q_pairs[r * ld_q + d] = d < Dqk ? c10::BFloat16(a.q[r * Dqk + d] / a.q_factor(r / a.rows))
+                                        : c10::BFloat16(0.f);
       }
     }
-    stream(Bf16Blocks<PairProducts>{a, acc, ld_acc, q_pairs, a.scale, {}},
-           Bf16Blocks<PairProducts, Cache8BitRows>{a, acc, ld_acc, q_pairs, a.scale, rows_8bit});
+    stream(Bf16Blocks<PairProducts>{{}, a, acc, ld_acc, q_pairs, true, {}},
+           Bf16Blocks<PairProducts, Cache8BitRows>{{}, a, acc, ld_acc, q_pairs, true, rows_8bit});
   } else {
     for (int64_t r = 0; r < all_rows; ++r) {
       bf16_permute_row(a.q + r * Dqk, q_perm + r * ld_q, Dqk);
     }
-    stream(Bf16Blocks<WidenedProducts>{a, acc, ld_acc, q_perm, 1.f, {}},
-           Bf16Blocks<WidenedProducts, Cache8BitRows>{a, acc, ld_acc, q_perm, 1.f, rows_8bit});
+    stream(Bf16Blocks<WidenedProducts>{{}, a, acc, ld_acc, q_perm, false, {}},
+           Bf16Blocks<WidenedProducts, Cache8BitRows>{{}, a, acc, ld_acc, q_perm, false, rows_8bit});
   }
   for (int64_t r = 0; r < all_rows; ++r) {
     bf16_unpermute_row(acc + r * ld_acc, a.out + r * Dv, Dv, pairs);

@@ -38,8 +38,12 @@ inline bool staged_tile_reads(int64_t heads_per_item) { return heads_per_item > 
 template <typename scalar_t, typename acc_t>
 struct DecodeRows {
   int64_t heads = 1, rows = 0, dim_qk = 0, dim_v = 0;  // rows: per KV head
-  const acc_t* q = nullptr;           // [heads, rows, dim_qk], already multiplied by the softmax scale
-  acc_t scale = 1;                    // that scale (a kernel that multiplies the unscaled q divides by it)
+  const acc_t* q = nullptr;           // [heads, rows, dim_qk], already multiplied by q_factor(head)
+  acc_t scale = 1;                    // the softmax scale
+  const acc_t* key_scale = nullptr;   // [heads]: an 8-bit cache's k_scale of each KV head (folded into q), or null
+  // What q's rows of KV head `head` carry beyond the caller's q (a kernel that multiplies the caller's q divides it
+  // out and applies it to the sums): the softmax scale, times k_scale over an 8-bit cache.
+  acc_t q_factor(int64_t head) const { return key_scale == nullptr ? scale : scale * key_scale[head]; }
   const int64_t* key_lo = nullptr;    // [rows]: first visible key of each row
   const int64_t* key_hi = nullptr;    // [rows]: last visible key of each row
   // Sets keys[i] / values[i] to the cache rows of keys k0 + i, i < n, of KV head `head`. Compiled with the

@@ -224,14 +224,15 @@ auto tile_reads(const DecodeRows<scalar_t, float>& a, int64_t n, int64_t n_next)
 }
 
 // Q^T of every KV head in fma_scores' layout for a panel kind (S = Panel::kStep dims per step): out [heads,
-// Dqk / S, hp, S] in Panel::b_t, hp = gemm_rows_padded(rows), zero past rows; q times `factor` (1: q with the
-// softmax scale, 1 / scale: q as the caller gave it).
+// Dqk / S, hp, S] in Panel::b_t, hp = gemm_rows_padded(rows), zero past rows; q as a.q holds it, or, when
+// `unscaled`, as the caller gave it (divided by a.q_factor(head)).
 template <typename Panel, typename scalar_t>
-void arrange_q_steps(const DecodeRows<scalar_t, float>& a, typename Panel::b_t* out, float factor = 1.f) {
+void arrange_q_steps(const DecodeRows<scalar_t, float>& a, typename Panel::b_t* out, bool unscaled = false) {
   using T = typename Panel::b_t;
   constexpr int64_t S = Panel::kStep;
   const int64_t rows = a.rows, Dqk = a.dim_qk, hp = gemm_rows_padded(rows);
   for (int64_t head = 0; head < a.heads; ++head) {
+    const float factor = unscaled ? 1.f / a.q_factor(head) : 1.f;
     T* qh = out + head * Dqk * hp;
     std::fill(qh, qh + Dqk * hp, T(0));
     for (int64_t r = 0; r < rows; ++r) {
@@ -311,7 +312,7 @@ void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
   bf16* v_panels = q_pairs + a.heads * hp * Dqk + tile * Dqk;
   bf16* p = v_panels + tile * Dv;
   const bool unscaled = multiply_unscaled_q(a.scale);
-  arrange_q_steps<Bf16PairPanel>(a, q_pairs, unscaled ? 1.f / a.scale : 1.f);
+  arrange_q_steps<Bf16PairPanel>(a, q_pairs, unscaled);
   const auto scores = [&](int64_t head, int64_t k0, int64_t n) {
     const int64_t n_next = std::min(tile, a.k_end - k0 - n);
     a.locate(a, a.kv_head + head, k0, n + n_next, a.key_rows, a.value_rows);
@@ -319,7 +320,7 @@ void decode_rows_pairs(const DecodeRows<scalar_t, float>& a) {
                               tile_reads(a, n, n_next));
     if (unscaled) {
       for (int64_t r = 0; r < rows; ++r) {
-        scale_row(a.scores + r * tile, n, a.scale);
+        scale_row(a.scores + r * tile, n, a.q_factor(head));
       }
     }
   };

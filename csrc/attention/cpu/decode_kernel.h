@@ -386,8 +386,14 @@ void stream_tiles(const DecodeRows<scalar_t, acc_t>& a, const Blocks& blocks, ac
       f(of[head * tile + j], dim);
     }
   };
+  // Rows of an 8-bit cache that the blocks convert in registers (DecodeRows::rows_8bit) hold dim bytes: half as
+  // many scalar_t as their dim.
+  const bool byte_rows = a.rows_8bit != Cache8Bit::none && a.converted_keys == nullptr;
   const auto prefetch_rows = [&](const scalar_t* const* of, int64_t j, int64_t dim) {
-    for_each_run(of, j, dim, [](const scalar_t* run, int64_t n) { prefetch_row(run, n); });
+    for_each_run(of, j, dim, [&](const scalar_t* run, int64_t n) {
+      constexpr int64_t size = sizeof(scalar_t);
+      prefetch_row(run, byte_rows ? (n + size - 1) / size : n);
+    });
   };
   const auto touch_rows = [&](const scalar_t* const* of, int64_t n, int64_t dim) {
     for (int64_t j = 0; j < n; ++j) {
