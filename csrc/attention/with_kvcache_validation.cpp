@@ -33,15 +33,7 @@ AttentionCall prepare_attention_with_kvcache(const at::Tensor& q, const at::Tens
     check_rank(op, "k_cache", k_cache, 4, "[batch, capacity, heads_kv, head_dim]");
     check_rank(op, "v_cache", v_cache, 4, "[batch, capacity, heads_kv, head_dim_v]");
   }
-  check_float_dtype(op, "q", q);
-  if (check_8bit_cache_values(op, {"k_cache", k_cache}, {"q", q})) {
-    check_same_dtype_device(op, "v_cache", v_cache, "k_cache", k_cache);
-    for (const NamedTensor& t : {NamedTensor{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}}) {
-      check_last_dim_contiguous(op, t.name, t.tensor);
-    }
-  } else {
-    check_float_operands(op, {{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});
-  }
+  check_cache_read_dtypes(op, {{"q", q}}, {{"k_cache", k_cache}, {"v_cache", v_cache}});
 
   AttentionCall s;
   s.op = op;

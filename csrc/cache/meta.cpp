@@ -15,7 +15,7 @@ void kv_cache_append_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, 
 
 void paged_kv_cache_append_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                                 const at::Tensor& v, const at::Tensor& slot_mapping,
-                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+                                const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   check_paged_kv_cache_append_inputs(k_cache, v_cache, k, v, slot_mapping, CacheScales{k_scale, v_scale});
 }
 

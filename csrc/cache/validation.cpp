@@ -17,12 +17,7 @@ void check_cache_tensors(const char* op, const at::Tensor& k_cache, const at::Te
   check_cache_dtype(op, {"k_cache", k_cache});
   check_one_device(op, {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k", k}, {"v", v}});
   check_same_dtype_device(op, "v_cache", v_cache, "k_cache", k_cache);
-  if (check_8bit_cache_values(op, {"k_cache", k_cache}, {"k", k})) {
-    check_same_dtype_device(op, "v", v, "k", k);
-  } else {
-    check_same_dtype_device(op, "k", k, "k_cache", k_cache);
-    check_same_dtype_device(op, "v", v, "k_cache", k_cache);
-  }
+  check_cache_write_dtypes(op, {"k_cache", k_cache}, {{"k", k}, {"v", v}});
   check_cache_scale(op, "k_scale", scales.k, k_cache.sym_size(2), {"k_cache", k_cache});
   check_cache_scale(op, "v_scale", scales.v, v_cache.sym_size(2), {"v_cache", v_cache});
   check_last_dim_contiguous(op, "k_cache", k_cache);

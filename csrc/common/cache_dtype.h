@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -17,23 +18,23 @@ inline bool is_8bit_cache_dtype(c10::ScalarType t) {
   return t == c10::ScalarType::Float8_e4m3fn || t == c10::ScalarType::Float8_e5m2;
 }
 
-// The largest finite value of an 8-bit cache dtype: an append saturates there.
-inline float largest_8bit_value(c10::ScalarType t) { return t == c10::ScalarType::Float8_e4m3fn ? 448.f : 57344.f; }
-
 // The dequantization scales of a cache's keys and values (the latent cache of MLA: one scale, both), as given:
 // float32, one value ([] or [1]) or one per KV head ([heads_kv]). A reader uses stored * scale.
 struct CacheScales {
   std::optional<at::Tensor> k, v;
-  bool any() const { return k.has_value() || v.has_value(); }
 };
 
 // A cache's dtype: float16, bfloat16, float32, float64, or 8-bit (float8_e4m3fn, float8_e5m2).
 void check_cache_dtype(const char* op, const NamedTensor& cache);
 
-// Whether `cache` is 8-bit; if so, `values` (the new tokens of a write, q of a read) must be float16, bfloat16 or
-// float32 on its device. A cache of another dtype holds values of its own dtype, which the caller checks with its
-// own wording (check_same_dtype_device).
-bool check_8bit_cache_values(const char* op, const NamedTensor& cache, const NamedTensor& values);
+// The new tokens of a cache write (`values`: k and v, or c_kv and k_pe) for `cache`: of the cache's dtype, or, for
+// an 8-bit cache, float16 / bfloat16 / float32 and all of the first one's dtype; on the cache's device.
+void check_cache_write_dtypes(const char* op, const NamedTensor& cache, std::initializer_list<NamedTensor> values);
+
+// The queries of a cache read (check_float_operands) and its caches: of the first query's dtype, or all 8-bit of
+// the first cache's dtype (the queries then float16, bfloat16 or float32); each with stride 1 in its last dim.
+void check_cache_read_dtypes(const char* op, std::initializer_list<NamedTensor> queries,
+                             std::initializer_list<NamedTensor> caches);
 
 // A scale: None, or float32 [] / [1] / [heads_kv] on the cache's device, given only with an 8-bit cache; where
 // its values can be read (CPU), each positive and finite.

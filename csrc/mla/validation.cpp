@@ -50,12 +50,7 @@ void check_mla_cache_append_inputs(const at::Tensor& latent_cache, const at::Ten
   }
   check_cache_dtype(op, {"latent_cache", latent_cache});
   check_one_device(op, {{"latent_cache", latent_cache}, {"c_kv", c_kv}, {"k_pe", k_pe}});
-  if (check_8bit_cache_values(op, {"latent_cache", latent_cache}, {"c_kv", c_kv})) {
-    check_same_dtype_device(op, "k_pe", k_pe, "c_kv", c_kv);
-  } else {
-    check_same_dtype_device(op, "c_kv", c_kv, "latent_cache", latent_cache);
-    check_same_dtype_device(op, "k_pe", k_pe, "latent_cache", latent_cache);
-  }
+  check_cache_write_dtypes(op, {"latent_cache", latent_cache}, {{"c_kv", c_kv}, {"k_pe", k_pe}});
   check_cache_scale(op, "kv_scale", kv_scale, 1, {"latent_cache", latent_cache});
   check_last_dim_contiguous(op, "latent_cache", latent_cache);
   check_last_dim_contiguous(op, "c_kv", c_kv);
@@ -118,12 +113,7 @@ AttentionCall prepare_mla_decode(const at::Tensor& q_latent, const at::Tensor& q
   } else {
     check_rank(op, "latent_cache", latent_cache, 3, "[batch, capacity, kv_lora_rank + rope_dim]");
   }
-  if (check_8bit_cache_values(op, {"latent_cache", latent_cache}, {"q_latent", q_latent})) {
-    check_float_operands(op, {{"q_latent", q_latent}, {"q_rope", q_rope}});
-    check_last_dim_contiguous(op, "latent_cache", latent_cache);
-  } else {
-    check_float_operands(op, {{"q_latent", q_latent}, {"q_rope", q_rope}, {"latent_cache", latent_cache}});
-  }
+  check_cache_read_dtypes(op, {{"q_latent", q_latent}, {"q_rope", q_rope}}, {{"latent_cache", latent_cache}});
   check_cache_scale(op, "kv_scale", kv_scale, 1, {"latent_cache", latent_cache});
   const c10::SymIntArrayRef lead = q_latent.sym_sizes().slice(0, q_latent.dim() - 1);
   TORCH_CHECK(q_rope.sym_sizes().slice(0, q_rope.dim() - 1) == lead, op, ": q_rope must have shape ",

@@ -36,7 +36,6 @@ struct DecodeScratch {
   std::vector<acc_t> q, scores, key_tile, value_tile, q_t, row_max, row_sum, out, lse;
   std::vector<int64_t> key_lo, key_hi, position;
   std::vector<double> alibi;  // [heads, rows] when the call has ALiBi
-  std::vector<acc_t> key_scale;  // [heads] over an 8-bit cache
   std::vector<const scalar_t*> key_rows, value_rows;
   std::vector<scalar_t> lowp;
   std::vector<acc_t> stream;  // DecodeRows::stream_scratch (bfloat16 only)
@@ -57,7 +56,7 @@ struct DecodeScratch {
                  : 0),
         stream(std::is_same_v<scalar_t, c10::BFloat16> ? heads * rows * (padded_to_chunks(dqk) + padded_to_chunks(dv))
                                                        : 0),
-        key_scale(cache_8bit ? heads : 0), converted_keys(cache_8bit ? key_rows.size() * dqk : 0),
+        converted_keys(cache_8bit ? key_rows.size() * dqk : 0),
         converted_values(cache_8bit ? value_rows.size() * dv : 0) {}
 };
 
@@ -213,9 +212,6 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
             acc_t* q_row = s.q.data() + (g * rows + r) * Dqk;
             convert_row(q + q_layout.at(b, pos, (h0 + g) * G + r % G), q_row, Dqk);
             scale_row(q_row, Dqk, cache_8bit ? static_cast<acc_t>(p.scale * p.k_scale[h0 + g]) : scale);
-            if (cache_8bit) {
-              s.key_scale[g] = static_cast<acc_t>(p.k_scale[h0 + g]);
-            }
           }
           s.key_lo[r] = p.key_lo(b, pos);
           s.key_hi[r] = p.key_hi(b, pos);
@@ -231,7 +227,9 @@ void decode_forward_kernel(const AttentionProblem& p, const scalar_t* q, const S
         a.dim_v = Dv;
         a.q = s.q.data();
         a.scale = scale;
-        a.key_scale = s.key_scale.empty() ? nullptr : s.key_scale.data();
+        if constexpr (cache_8bit) {  // acc_t float: 8-bit caches hold float16 / bfloat16 / float32 models' keys
+          a.key_scale = p.k_scale.data() + h0;
+        }
         a.key_lo = s.key_lo.data();
         a.key_hi = s.key_hi.data();
         a.alibi = s.alibi.empty() ? nullptr : s.alibi.data();

@@ -89,7 +89,6 @@ const acc_t* key_tile(Cache8Bit format, const uint8_t* base, const KeyLayout& la
   return buffer;
 }
 
-
 // cache_t: scalar_t, or uint8_t for an 8-bit cache (p.cache_8bit), which takes the float32 path over tiles converted
 // as they are read (key_tile), k_scale folded into q and v_scale into the output.
 template <typename scalar_t, typename acc_t, typename cache_t = scalar_t>

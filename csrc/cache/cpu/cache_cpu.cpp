@@ -10,10 +10,13 @@
 namespace attn_ops::cpu {
 namespace {
 
+// A cache, the new rows it takes and their scale (8-bit caches).
+using Write = std::tuple<const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&>;
+
 void kv_cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                          const at::Tensor& v, const at::Tensor& cache_seqlens,
                          const std::optional<at::Tensor>& cache_batch_idx,
-                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+                         const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   check_kv_cache_append_inputs(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, CacheScales{k_scale, v_scale});
   const at::Tensor lens = cache_seqlens.contiguous();
   const int32_t* len = lens.const_data_ptr<int32_t>();
@@ -23,8 +26,7 @@ void kv_cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, c
       cache_batch_idx.has_value() ? superseded_tokens(cache_row, len, added) : std::vector<char>();
   // Token t of the flattened [batch, seqlen_new] new tokens goes to position len[b] + t % seqlen_new of cache
   // row cache_row[b], unless a higher batch row writes that position too (repeated cache_batch_idx rows).
-  for (const auto& [cache, src, scale] : {std::tuple<const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&>{
-           k_cache, k, k_scale}, {v_cache, v, v_scale}}) {
+  for (const auto& [cache, src, scale] : {Write{k_cache, k, k_scale}, {v_cache, v, v_scale}}) {
     copy_rows(
         cache, src, batch * added, heads,
         [&](int64_t t, int64_t h) -> int64_t {
@@ -41,13 +43,12 @@ void kv_cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, c
 
 void paged_kv_cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& slot_mapping,
-                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+                               const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   check_paged_kv_cache_append_inputs(k_cache, v_cache, k, v, slot_mapping, CacheScales{k_scale, v_scale});
   const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
   const int64_t* slot = slots.const_data_ptr<int64_t>();
   const int64_t block_size = k_cache.size(1);
-  for (const auto& [cache, src, scale] : {std::tuple<const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&>{
-           k_cache, k, k_scale}, {v_cache, v, v_scale}}) {
+  for (const auto& [cache, src, scale] : {Write{k_cache, k, k_scale}, {v_cache, v, v_scale}}) {
     copy_rows(
         cache, src, k.size(0), k.size(1),
         [&](int64_t t, int64_t h) -> int64_t {

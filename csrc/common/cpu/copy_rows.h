@@ -94,38 +94,33 @@ inline void copy_rows(const at::Tensor& dst, const at::Tensor& src, int64_t toke
                       const std::optional<at::Tensor>& scale = std::nullopt) {
   const int64_t dim = src.size(-1), elem = src.element_size();
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, heads * dim));  // ~4K elements a chunk
-  if (dst.scalar_type() != src.scalar_type()) {
-    const std::vector<float> scales = scale_per_head(scale, heads);
-    with_8bit_type(dst.scalar_type(), [&](auto tag) {
-      using fp8_t = decltype(tag);
-      fp8_t* d = dst.mutable_data_ptr<fp8_t>();
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "attn_ops.copy_rows", [&] {
-        const scalar_t* s = src.const_data_ptr<scalar_t>();
-        at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
-          for (int64_t t = begin; t < end; ++t) {
-            for (int64_t h = 0; h < heads; ++h) {
-              const int64_t to = dst_offset(t, h);
-              if (to >= 0) {
-                quantize_row(d + to, s + src_offset(t, h), dim, scales[h]);
-              }
-            }
+  // write(to, from, h): the row of head h at src offset `from` into dst offset `to`
+  const auto for_each_row = [&](const auto& write) {
+    at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t to = dst_offset(t, h);
+          if (to >= 0) {
+            write(to, src_offset(t, h), h);
           }
-        });
-      });
-    });
-    return;
-  }
-  char* d = static_cast<char*>(dst.data_ptr());
-  const char* s = static_cast<const char*>(src.const_data_ptr());
-  at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t to = dst_offset(t, h);
-        if (to >= 0) {
-          copy_row(d + to * elem, s + src_offset(t, h) * elem, dim, elem);
         }
       }
-    }
+    });
+  };
+  if (dst.scalar_type() == src.scalar_type()) {
+    char* d = static_cast<char*>(dst.data_ptr());
+    const char* s = static_cast<const char*>(src.const_data_ptr());
+    for_each_row([&](int64_t to, int64_t from, int64_t) { copy_row(d + to * elem, s + from * elem, dim, elem); });
+    return;
+  }
+  const std::vector<float> scales = scale_per_head(scale, heads);
+  with_8bit_type(dst.scalar_type(), [&](auto tag) {
+    using fp8_t = decltype(tag);
+    fp8_t* d = dst.mutable_data_ptr<fp8_t>();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "attn_ops.copy_rows", [&] {
+      const scalar_t* s = src.const_data_ptr<scalar_t>();
+      for_each_row([&](int64_t to, int64_t from, int64_t h) { quantize_row(d + to, s + from, dim, scales[h]); });
+    });
   });
 }
 
