@@ -33,7 +33,8 @@ inline uint32_t float_bits_of_8bit(uint8_t x) {
   constexpr uint32_t mantissa_bits = e4m3 ? 3 : 2, rebias = e4m3 ? 120 : 112;
   const uint32_t sign = static_cast<uint32_t>(x & 0x80) << 24;
   const uint32_t e = (x & 0x7F) >> mantissa_bits, m = x & ((1u << mantissa_bits) - 1);
-  const uint32_t sub = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(m)) * (e4m3 ? 0x1p-9f : 0x1p-16f));
+  const float sub_value = static_cast<float>(static_cast<int32_t>(m)) * (e4m3 ? 0x1p-9f : 0x1p-16f);
+  const uint32_t sub = std::bit_cast<uint32_t>(sub_value);
   const uint32_t is_sub = 0u - static_cast<uint32_t>(e == 0);
   uint32_t normal = ((e + rebias) << 23) | (m << (23 - mantissa_bits));
   if constexpr (e4m3) {  // S.1111.111: NaN
@@ -79,8 +80,8 @@ inline void dequantize_row(const uint8_t* src, dst_t* dst, int64_t n) {
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
 // AVX512-VBMI (Ice Lake, Zen 4 and later): each of a 16-bit dtype's two bytes of the 128 magnitudes (the sign is one
-// bit) as a byte table, which one vpermi2b reads for 64 values; about 10 instructions per 64 values, against about
-// 25 per 16 for the arithmetic above. Exact for every code: the tables are the arithmetic's results.
+// bit) as a byte table, which one vpermi2b reads for 64 values. Exact for every code: the tables are the
+// arithmetic's results.
 struct ByteTables {
   alignas(64) uint8_t high[128];
   alignas(64) uint8_t low[128];
@@ -91,8 +92,9 @@ const ByteTables& byte_tables() {
   static const ByteTables tables = [] {
     ByteTables t;
     for (int x = 0; x < 128; ++x) {
+      const uint8_t code = static_cast<uint8_t>(x);
       dst_t value;
-      dequantize_row<format>(reinterpret_cast<const uint8_t*>(&x), &value, 1);  // x < 128: its low byte
+      dequantize_row<format>(&code, &value, 1);
       uint16_t bits;
       std::memcpy(&bits, &value, 2);
       t.high[x] = static_cast<uint8_t>(bits >> 8);
@@ -108,29 +110,51 @@ inline bool cpu_has_avx512vbmi() {
   return has;
 }
 
+// 64 codes' 16-bit values: half[0] holds codes 16k + 0..7, half[1] codes 16k + 8..15 of each 128-bit lane k
+// (key_lane_column in decode_8bit_blocks.h), the order the byte unpacks leave.
+struct CodeBlock {
+  __m512i half[2];
+};
+
+// The byte tables in registers, and the conversion every 8-bit reader shares: two vpermi2b (the low and the high
+// byte of each value), one vpternlog (the sign) and two byte unpacks per 64 codes. vpermi2b is written as inline
+// assembly, as vdpbf16ps, so the AVX-512 copy loads on CPUs without VBMI; callers take it only where
+// cpu_has_avx512vbmi().
+struct ByteTableRegs {
+  __m512i high0, high1, low0, low1;
+
+  explicit ByteTableRegs(const ByteTables& t)
+      : high0(_mm512_load_si512(t.high)), high1(_mm512_load_si512(t.high + 64)), low0(_mm512_load_si512(t.low)),
+        low1(_mm512_load_si512(t.low + 64)) {}
+
+  CodeBlock convert(__m512i codes) const {
+    __m512i low = codes, high = codes;  // vpermi2b: index bit 6 picks the table half, bit 7 (the sign) is ignored
+    asm("vpermi2b %2, %1, %0" : "+v"(low) : "v"(low0), "v"(low1));
+    asm("vpermi2b %2, %1, %0" : "+v"(high) : "v"(high0), "v"(high1));
+    // high | (codes & 0x80): the sign bit of each value's high byte
+    high = _mm512_ternarylogic_epi32(high, codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+    return {{_mm512_unpacklo_epi8(low, high), _mm512_unpackhi_epi8(low, high)}};
+  }
+};
+
+// Values 0..31 (which = 0) or 32..63 (which = 1) of a CodeBlock in the natural order.
+inline __m512i natural_half(const CodeBlock& b, int which) {
+  const __m512i order = which == 0 ? _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0)
+                                   : _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  return _mm512_permutex2var_epi64(b.half[0], order, b.half[1]);
+}
+
 // dst[i] = the 16-bit (bfloat16 / float16) bits of src[i], i < n, through the tables.
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) inline void dequantize_row_vbmi(const uint8_t* src,
-                                                                                     uint16_t* dst, int64_t n,
-                                                                                     const ByteTables& t) {
-  const __m512i high0 = _mm512_load_si512(t.high), high1 = _mm512_load_si512(t.high + 64);
-  const __m512i low0 = _mm512_load_si512(t.low), low1 = _mm512_load_si512(t.low + 64);
-  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  // unpacklo / unpackhi interleave within 128-bit lanes: these put the 64 results back in order
-  const __m512i first = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
-  const __m512i second = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+inline void dequantize_row_vbmi(const uint8_t* src, uint16_t* dst, int64_t n, const ByteTables& t) {
+  const ByteTableRegs regs(t);
   for (int64_t i = 0; i < n; i += 64) {
     const int64_t m = std::min<int64_t>(64, n - i);
     const __mmask64 in_mask = m == 64 ? ~__mmask64(0) : (__mmask64(1) << m) - 1;
-    const __m512i x = _mm512_maskz_loadu_epi8(in_mask, src + i);
-    const __m512i high = _mm512_or_si512(_mm512_permutex2var_epi8(high0, x, high1), _mm512_and_si512(x, sign));
-    const __m512i low = _mm512_permutex2var_epi8(low0, x, low1);
-    const __m512i lo_pairs = _mm512_unpacklo_epi8(low, high), hi_pairs = _mm512_unpackhi_epi8(low, high);
-    const __m512i out0 = _mm512_permutex2var_epi64(lo_pairs, first, hi_pairs);
-    const __m512i out1 = _mm512_permutex2var_epi64(lo_pairs, second, hi_pairs);
-    const __mmask32 out0_mask = m >= 32 ? ~__mmask32(0) : (__mmask32(1) << m) - 1;
-    const __mmask32 out1_mask = m == 64 ? ~__mmask32(0) : m <= 32 ? 0 : (__mmask32(1) << (m - 32)) - 1;
-    _mm512_mask_storeu_epi16(dst + i, out0_mask, out0);
-    _mm512_mask_storeu_epi16(dst + i + 32, out1_mask, out1);
+    const CodeBlock b = regs.convert(_mm512_maskz_loadu_epi8(in_mask, src + i));
+    const __mmask32 first_mask = m >= 32 ? ~__mmask32(0) : (__mmask32(1) << m) - 1;
+    const __mmask32 second_mask = m == 64 ? ~__mmask32(0) : m <= 32 ? 0 : (__mmask32(1) << (m - 32)) - 1;
+    _mm512_mask_storeu_epi16(dst + i, first_mask, natural_half(b, 0));
+    _mm512_mask_storeu_epi16(dst + i + 32, second_mask, natural_half(b, 1));
   }
 }
 #endif

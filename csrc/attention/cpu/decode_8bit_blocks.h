@@ -1,8 +1,7 @@
 // decode_rows' blocks for an 8-bit cache read in registers 64 codes at a time (AVX512-VBMI and AVX512-BF16 pairs;
-// head dims in whole 64s). One 64-byte load of a row's codes becomes two vectors of 32 bfloat16 with two vpermi2b
-// (the low and the high byte of each value, decode_bf16_kernel.h's byte tables), one vpternlog (the sign) and two
-// byte unpacks, about 2.5 instructions per 32 values against Cache8BitRows' 8; the unpacks leave the values in a
-// fixed lane order, which the blocks absorb instead of undoing:
+// head dims in whole 64s). One 64-byte load of a row's codes becomes two vectors of 32 bfloat16
+// (cache_8bit.h's ByteTableRegs::convert, about 2.5 instructions per 32 values); the unpacks leave the values in a
+// fixed lane order, which the blocks absorb instead of undoing (Cache8BitRows undoes it, one more instruction per 32):
 //   - Q K^T: q is rearranged once per call into that order (key_lane_column), so each vdpbf16ps pairs the right
 //     columns;
 //   - P V: two keys' converted values are interleaved into pairs by 16-bit unpacks, whose order the output
@@ -25,20 +24,8 @@ constexpr int64_t key_lane_column(int64_t half, int64_t m) { return 16 * (m / 8)
 // keys' halves take 16-bit lanes 0-3 / 4-7 of each 128-bit lane.
 constexpr int64_t value_lane_column(int64_t i, int64_t n) { return 16 * (n / 4) + 4 * i + n % 4; }
 
-// The bfloat16 values of 64 codes in key_lane_column order.
-struct CodeBlock {
-  __m512i half[2];
-};
-
-inline CodeBlock convert_codes(const Cache8BitRows& t, const uint8_t* x) {
-  const __m512i codes = _mm512_loadu_si512(x);
-  __m512i low = codes, high = codes;  // vpermi2b: index bit 6 picks the table half, bit 7 (the sign) is ignored
-  asm("vpermi2b %2, %1, %0" : "+v"(low) : "v"(t.low0), "v"(t.low1));
-  asm("vpermi2b %2, %1, %0" : "+v"(high) : "v"(t.high0), "v"(t.high1));
-  // high | (codes & 0x80): the sign bit of each value's high byte
-  high = _mm512_ternarylogic_epi32(high, codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
-  return {{_mm512_unpacklo_epi8(low, high), _mm512_unpackhi_epi8(low, high)}};
-}
+// The bfloat16 values of 64 codes of a row (its byte address), in key_lane_column order.
+inline CodeBlock convert_codes(const ByteTableRegs& t, const uint8_t* x) { return t.convert(_mm512_loadu_si512(x)); }
 
 // s[r * lds + j] = scale * (q_r . key_j) for RB rows and KB keys; q [RB, ldq] bfloat16 in key_lane_column order
 // per block of 64, zero past dim; dim a multiple of 64.

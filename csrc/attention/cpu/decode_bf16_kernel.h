@@ -57,31 +57,18 @@ struct Bf16Rows {
 };
 
 // ... or the rows of an 8-bit cache (row: its byte address, as locate gives it when it converts nothing), each
-// chunk of 32 codes converted in registers through the bfloat16 byte tables of cache_8bit.h: both bytes of every
-// 16-bit lane hold the code, one vpermi2b per table picks the low and the high byte, the sign is the code's top
-// bit. About 8 instructions per 32 values, and no tile converted through L1 first (cache_8bit.h's dequantize_row,
-// which was slower than the bfloat16 cache: zen4_cache_8bit.md); head dims in whole 64s take CodeBlocks
-// (decode_8bit_blocks.h) instead. vpermi2b is AVX512-VBMI (Ice Lake, Zen 4 and later), written as inline assembly,
-// as vdpbf16ps, so the AVX-512 copy loads on CPUs without it; decode_rows_bf16 takes this path only where the CPU
-// has it.
-struct Cache8BitRows {
-  __m512i high0, high1, low0, low1;  // the bfloat16 byte tables of the 128 magnitudes
-
-  explicit Cache8BitRows(const ByteTables& t)
-      : high0(_mm512_load_si512(t.high)), high1(_mm512_load_si512(t.high + 64)), low0(_mm512_load_si512(t.low)),
-        low1(_mm512_load_si512(t.low + 64)) {}
+// chunk of 32 codes converted in registers through the bfloat16 byte tables (cache_8bit.h's ByteTableRegs, then
+// put in the natural order), with no tile converted through L1 first (cache_8bit.h's dequantize_row, which was
+// slower than the bfloat16 cache: zen4_cache_8bit.md); head dims in whole 64s take CodeBlocks
+// (decode_8bit_blocks.h), which keep the conversion's own order. AVX512-VBMI: decode_rows_bf16 takes this path
+// only where the CPU has it.
+struct Cache8BitRows : ByteTableRegs {
+  using ByteTableRegs::ByteTableRegs;
 
   template <bool kMasked>
   __m512i chunk(const c10::BFloat16* row, int64_t d, __mmask32 mask) const {
     const uint8_t* x = reinterpret_cast<const uint8_t*>(row) + d;
-    const __m256i codes = kMasked ? _mm256_maskz_loadu_epi8(mask, x) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    const __m512i w = _mm512_cvtepu8_epi16(codes);
-    const __m512i both = _mm512_or_si512(w, _mm512_slli_epi16(w, 8));  // the code in both bytes of its lane
-    __m512i low = both, high = both;  // vpermi2b: index bit 6 picks the table half, bit 7 (the sign) is ignored
-    asm("vpermi2b %2, %1, %0" : "+v"(low) : "v"(low0), "v"(low1));
-    asm("vpermi2b %2, %1, %0" : "+v"(high) : "v"(high0), "v"(high1));
-    const __m512i bytes = _mm512_mask_mov_epi8(low, static_cast<__mmask64>(0xAAAAAAAAAAAAAAAAull), high);
-    return _mm512_or_si512(bytes, _mm512_and_si512(both, _mm512_set1_epi16(static_cast<int16_t>(0x8000))));
+    return natural_half(convert(_mm512_maskz_loadu_epi8(kMasked ? __mmask64(mask) : __mmask64(0xFFFFFFFFu), x)), 0);
   }
 };
 
@@ -232,7 +219,8 @@ inline void bf16_value_block_pairs(const c10::BFloat16* p, int64_t ldp, const c1
   block_accumulators<RB, 2 * NC>(o + d0, ldo, acc, /*store=*/false);
   const auto load = [&](const c10::BFloat16* row, int c) {
     const int64_t d = d0 + c * kBf16Chunk;
-    return kMaskedLast && c == NC - 1 ? rows.template chunk<true>(row, d, mask) : rows.template chunk<false>(row, d, mask);
+    return kMaskedLast && c == NC - 1 ? rows.template chunk<true>(row, d, mask)
+                                      : rows.template chunk<false>(row, d, mask);
   };
   for (int64_t j = 0; j < n; j += 2) {
     __m512i lo[NC], hi[NC];
